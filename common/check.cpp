@@ -1,0 +1,170 @@
+#include "check.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <sstream>
+
+#include "reference.hpp"
+
+namespace ladder {
+
+ErrorStats compare(const std::vector<double>& got, const std::vector<double>& ref, int64_t row_len,
+                   const std::vector<int64_t>* rows) {
+  ErrorStats e;
+  auto visit = [&](int64_t i) {
+    const double g = got[size_t(i)], r = ref[size_t(i)];
+    if (std::isnan(r)) return;  // the reference computed nothing here (not a selected row)
+    if (!std::isfinite(r)) {
+      if (g != r && e.bad++ == 0) e.first_bad = i;  // -inf LSE must be exactly -inf
+      return;
+    }
+    if (!std::isfinite(g)) {
+      if (e.bad++ == 0) e.first_bad = i;
+      return;
+    }
+    e.ref_max = std::max(e.ref_max, std::fabs(r));
+    const double d = std::fabs(g - r);
+    if (d > e.max_abs || e.where < 0) {
+      e.max_abs = d;
+      e.where = i;
+    }
+  };
+  if (rows) {
+    for (int64_t r : *rows)
+      for (int64_t c = 0; c < row_len; ++c) visit(r * row_len + c);
+  } else {
+    for (int64_t i = 0; i < int64_t(ref.size()); ++i) visit(i);
+  }
+  e.max_rel = e.ref_max > 0 ? e.max_abs / e.ref_max : e.max_abs;
+  return e;
+}
+
+bool parse_check_mode(const std::string& s, CheckMode& out) {
+  if (s == "auto")
+    out = CheckMode::automatic;
+  else if (s == "full")
+    out = CheckMode::full;
+  else if (s == "sampled")
+    out = CheckMode::sampled;
+  else if (s == "none")
+    out = CheckMode::none;
+  else
+    return false;
+  return true;
+}
+
+std::string index_str(const std::vector<int64_t>& shape, int64_t flat) {
+  std::vector<int64_t> idx(shape.size());
+  for (size_t k = shape.size(); k-- > 0;) {
+    idx[k] = flat % shape[k];
+    flat /= shape[k];
+  }
+  std::ostringstream s;
+  s << "[";
+  for (size_t k = 0; k < idx.size(); ++k) s << (k ? ", " : "") << idx[k];
+  s << "]";
+  return s.str();
+}
+
+namespace {
+// A few query rows spread over the sequence, the same in every (batch, head).
+std::vector<int64_t> sample_rows(const Problem& p) {
+  std::vector<int64_t> r = {0, 1, p.seq_q / 3, p.seq_q / 2, p.seq_q - 2, p.seq_q - 1};
+  std::mt19937_64 rng(p.seed + 7);
+  for (int k = 0; k < 6; ++k) r.push_back(int64_t(rng() % uint64_t(p.seq_q)));
+  r.erase(std::remove_if(r.begin(), r.end(), [&](int64_t x) { return x < 0 || x >= p.seq_q; }),
+          r.end());
+  std::sort(r.begin(), r.end());
+  r.erase(std::unique(r.begin(), r.end()), r.end());
+  return r;
+}
+}  // namespace
+
+CheckReport verify(const Problem& p, const Inputs& in, const Outputs& got, CheckMode mode) {
+  CheckReport rep;
+  if (mode == CheckMode::none) {
+    rep.mode = "not checked";
+    return rep;
+  }
+  const double cost = p.backward ? 3.5 * p.fwd_flops() : p.fwd_flops();
+  const bool sampled = mode == CheckMode::sampled || (mode == CheckMode::automatic && cost > 4e9);
+  std::vector<int64_t> qrows;
+  std::vector<int64_t> flat_rows;  // [B*H*M] row indices of the sample
+  if (sampled) {
+    qrows = sample_rows(p);
+    for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
+      for (int64_t i : qrows) flat_rows.push_back(bh * p.seq_q + i);
+    rep.mode =
+        "sampled: " + std::to_string(qrows.size()) + " query rows per head (dK, dV not checked)";
+  } else {
+    rep.mode = "full";
+  }
+  Outputs ref = Outputs::poisoned(p), plain = Outputs::poisoned(p);
+  const std::vector<int64_t>* rows = sampled ? &qrows : nullptr;
+  reference::attention(p, in, ref, rows);
+  if (p.dtype == DType::f64)
+    plain = ref;  // a float64 step's yardstick is the oracle itself (tolerance: the floor)
+  else
+    reference::plain_attention(p, in, p.dtype, plain, rows);
+
+  const double eps = dtype_eps(p.dtype);
+  auto check = [&](const char* name, const Tensor& g, const Tensor& r, const Tensor& b,
+                   double factor, bool per_row) {
+    if (r.empty()) return;
+    const int64_t row_len = per_row ? r.shape.back() : 1;
+    const std::vector<int64_t>* sel = sampled ? &flat_rows : nullptr;
+    TensorCheck t;
+    t.name = name;
+    t.shape = r.shape;
+    t.step = compare(g.data, r.data, row_len, sel);
+    t.plain = compare(b.data, r.data, row_len, sel);
+    t.factor = factor;
+    t.floor = eps * std::max(1.0, t.step.ref_max);
+    t.tol = factor * t.plain.max_abs + t.floor;
+    t.pass = t.step.bad == 0 && t.step.max_abs <= t.tol;
+    rep.pass = rep.pass && t.pass;
+    rep.tensors.push_back(t);
+  };
+  check("O", got.o, ref.o, plain.o, 2.0, true);
+  check("LSE", got.lse, ref.lse, plain.lse, 2.0, false);
+  if (p.backward) {
+    check("dQ", got.dq, ref.dq, plain.dq, 3.0, true);
+    if (!sampled) {
+      check("dK", got.dk, ref.dk, plain.dk, 3.0, true);
+      check("dV", got.dv, ref.dv, plain.dv, 3.0, true);
+    }
+  }
+  return rep;
+}
+
+std::string CheckReport::summary() const {
+  std::ostringstream s;
+  s.precision(3);
+  for (const TensorCheck& t : tensors) {
+    s << "  " << t.name << ": max abs err " << std::scientific << t.step.max_abs << " (plain "
+      << t.plain.max_abs << ", tol " << t.tol << ")";
+    if (t.step.bad) s << ", " << t.step.bad << " non-finite or wrong-infinity elements";
+    s << (t.pass ? "  ok" : "  FAIL") << "\n";
+  }
+  return s.str();
+}
+
+std::string CheckReport::first_failure() const {
+  for (const TensorCheck& t : tensors)
+    if (!t.pass) {
+      std::ostringstream s;
+      s.precision(3);
+      s << t.name << " ";
+      if (t.step.bad)
+        s << "has " << t.step.bad << " non-finite/wrong-infinity elements (first at "
+          << index_str(t.shape, t.step.first_bad) << ")";
+      else
+        s << "error " << std::scientific << t.step.max_abs << " > tol " << t.tol << " at "
+          << index_str(t.shape, t.step.where);
+      return s.str();
+    }
+  return "";
+}
+
+}  // namespace ladder

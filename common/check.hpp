@@ -1,0 +1,57 @@
+// Checking a step's outputs against the float64 oracle with the harness's rule
+// (LADDER.md): a step passes when its error vs float64 is at most 2x (3x for
+// gradients) the error of a plain same-precision computation vs float64, plus a
+// tiny floor of one unit roundoff at the scale of the output. NaN/Inf fail.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "inputs.hpp"
+#include "problem.hpp"
+
+namespace ladder {
+
+struct ErrorStats {
+  double max_abs = 0;      // max |got - ref| over finite reference elements
+  double max_rel = 0;      // max_abs / max |ref|
+  double ref_max = 0;      // max |ref| over finite elements
+  int64_t where = -1;      // flat index of max_abs
+  int64_t bad = 0;         // non-finite where the reference is finite, or a wrong infinity
+  int64_t first_bad = -1;  // flat index of the first such element
+};
+
+// Compares got with ref elementwise. If `rows` is given (flat row indices of a
+// [rows, row_len] view), only those rows are compared.
+ErrorStats compare(const std::vector<double>& got, const std::vector<double>& ref,
+                   int64_t row_len = 1, const std::vector<int64_t>* rows = nullptr);
+
+struct TensorCheck {
+  std::string name;  // O, LSE, dQ, dK, dV
+  std::vector<int64_t> shape;
+  ErrorStats step;   // the step vs float64
+  ErrorStats plain;  // the plain same-precision computation vs float64
+  double factor = 2, floor = 0, tol = 0;
+  bool pass = false;
+};
+
+struct CheckReport {
+  std::vector<TensorCheck> tensors;
+  bool pass = true;
+  std::string mode;             // "full" or "sampled: N rows per head"
+  std::string summary() const;  // one line per tensor
+  std::string first_failure() const;
+};
+
+enum class CheckMode { automatic, full, sampled, none };
+bool parse_check_mode(const std::string& s, CheckMode& out);
+
+// Checks `got` (a run of problem p in p.dtype) against the oracle. automatic: full when the
+// oracle's cost is small (< 4 GFLOP), else sampled query rows (O, LSE, dQ only).
+CheckReport verify(const Problem& p, const Inputs& in, const Outputs& got,
+                   CheckMode mode = CheckMode::automatic);
+
+// Flat index -> "[b, h, i, c]" for error messages.
+std::string index_str(const std::vector<int64_t>& shape, int64_t flat);
+
+}  // namespace ladder

@@ -1,0 +1,71 @@
+#include "inputs.hpp"
+
+#include <random>
+
+namespace ladder {
+
+Outputs Outputs::poisoned(const Problem& p) {
+  Outputs o;
+  o.o = Tensor::poisoned({p.batch, p.heads, p.seq_q, p.dim});
+  o.lse = Tensor::poisoned({p.batch, p.heads, p.seq_q});
+  if (p.backward) {
+    o.dq = Tensor::poisoned({p.batch, p.heads, p.seq_q, p.dim});
+    o.dk = Tensor::poisoned({p.batch, p.heads_kv, p.seq_k, p.dim});
+    o.dv = Tensor::poisoned({p.batch, p.heads_kv, p.seq_k, p.dim});
+  }
+  return o;
+}
+
+bool parse_input_kind(const std::string& s, InputKind& out) {
+  if (s == "normal")
+    out = InputKind::normal;
+  else if (s == "large")
+    out = InputKind::large;
+  else
+    return false;
+  return true;
+}
+
+const char* input_kind_name(InputKind k) {
+  return k == InputKind::normal ? "normal" : "large";
+}
+
+namespace {
+// Normal values with a mean shift; `row_boost` scales every 13th row up.
+void fill(Tensor& t, std::mt19937_64& rng, double shift, double scale, double row_boost) {
+  std::normal_distribution<double> n(0.0, 1.0);
+  const int64_t d = t.shape.back();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const int64_t row = i / d;
+    const double boost = (row % 13 == 5) ? row_boost : 1.0;
+    t.data[size_t(i)] = (n(rng) + shift) * scale * boost;
+  }
+}
+}  // namespace
+
+Inputs make_inputs(const Problem& p, InputKind kind) {
+  std::mt19937_64 rng(p.seed * 0x9E3779B97F4A7C15ull + 12345);
+  Inputs in;
+  in.q = Tensor({p.batch, p.heads, p.seq_q, p.dim});
+  in.k = Tensor({p.batch, p.heads_kv, p.seq_k, p.dim});
+  in.v = Tensor({p.batch, p.heads_kv, p.seq_k, p.dim});
+  // Logits S = scale * q.k: with shift 0.5 their mean is about 0.25*sqrt(d); boosted keys
+  // (x3) give a few rows of large logits. The "large" kind makes |S| reach hundreds.
+  const double qk_scale = kind == InputKind::large ? 6.0 : 1.0;
+  fill(in.q, rng, 0.5, qk_scale, 1.0);
+  fill(in.k, rng, 0.5, qk_scale, 3.0);
+  fill(in.v, rng, 0.25, 1.0, 1.0);
+  if (p.backward) {
+    in.dout = Tensor({p.batch, p.heads, p.seq_q, p.dim});
+    fill(in.dout, rng, 0.0, 1.0, 1.0);
+  }
+  round_inputs(in, p.dtype);
+  return in;
+}
+
+void round_inputs(Inputs& in, DType t) {
+  for (Tensor* x : {&in.q, &in.k, &in.v, &in.dout})
+    for (double& v : x->data) v = round_to(t, v);
+}
+
+}  // namespace ladder

@@ -1,0 +1,37 @@
+// Inputs and outputs of a run, and seeded input generation.
+#pragma once
+#include <string>
+
+#include "problem.hpp"
+#include "tensor.hpp"
+
+namespace ladder {
+
+struct Inputs {
+  Tensor q, k, v;  // [B, H, M, d], [B, Hkv, N, d], [B, Hkv, N, d]
+  Tensor dout;     // [B, H, M, d]; only with backward
+};
+
+struct Outputs {
+  Tensor o, lse;      // [B, H, M, d], [B, H, M]
+  Tensor dq, dk, dv;  // only with backward
+  // Every element NaN, so anything a step does not write fails the check.
+  static Outputs poisoned(const Problem& p);
+};
+
+// How the inputs are drawn (all seeded, never all zeros):
+//  normal: N(0,1) with a mean shift (so QK^T has a non-zero mean) and a few keys
+//          scaled up, so some logits are large and softmax is not flat;
+//  large:  Q and K scaled so logits reach the hundreds: exp without the max
+//          shift overflows even in float64 (exp(710) = inf).
+enum class InputKind { normal, large };
+bool parse_input_kind(const std::string& s, InputKind& out);
+const char* input_kind_name(InputKind k);
+
+// Draws Q, K, V (and dO when p.backward) and rounds them to p.dtype.
+Inputs make_inputs(const Problem& p, InputKind kind = InputKind::normal);
+
+// Rounds every input value to `t` in place (what a step of that dtype will see).
+void round_inputs(Inputs& in, DType t);
+
+}  // namespace ladder

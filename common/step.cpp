@@ -1,0 +1,64 @@
+#include "step.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+namespace ladder {
+
+std::string Step::unsupported(const Problem& p) const {
+  std::ostringstream e;
+  if (std::find(caps.dtypes.begin(), caps.dtypes.end(), p.dtype) == caps.dtypes.end()) {
+    e << "step " << name << " does not support dtype " << dtype_name(p.dtype) << "; it supports";
+    for (DType t : caps.dtypes) e << " " << dtype_name(t);
+    return e.str();
+  }
+  if (!caps.head_dims.empty() &&
+      std::find(caps.head_dims.begin(), caps.head_dims.end(), p.dim) == caps.head_dims.end()) {
+    e << "step " << name << " does not support --dim " << p.dim << "; it supports";
+    for (int64_t d : caps.head_dims) e << " " << d;
+    return e.str();
+  }
+  if (caps.head_dims.empty() && caps.max_dim > 0 && p.dim > caps.max_dim) {
+    e << "step " << name << " supports --dim up to " << caps.max_dim << ", got " << p.dim;
+    return e.str();
+  }
+  if (p.causal && !caps.causal) return "step " + name + " does not support --causal";
+  if (p.heads != p.heads_kv && !caps.gqa)
+    return "step " + name + " does not support GQA (--heads-kv must equal --heads)";
+  if (p.backward && !caps.backward) return "step " + name + " has no backward pass";
+  return "";
+}
+
+std::string Step::unknown_variant(const std::string& v) const {
+  if (v.empty()) return "";
+  for (const Variant& x : variants)
+    if (x.name == v) return "";
+  std::ostringstream e;
+  e << "step " << name << " has no variant '" << v << "'; its variants are:";
+  for (const Variant& x : variants) e << " " << x.name;
+  return e.str();
+}
+
+std::string Step::capabilities_str() const {
+  std::ostringstream s;
+  for (size_t i = 0; i < caps.dtypes.size(); ++i) s << (i ? "/" : "") << dtype_name(caps.dtypes[i]);
+  s << ", d ";
+  if (caps.head_dims.empty()) {
+    s << (caps.max_dim ? "<= " + std::to_string(caps.max_dim) : "any");
+  } else {
+    for (size_t i = 0; i < caps.head_dims.size(); ++i) s << (i ? "," : "") << caps.head_dims[i];
+  }
+  if (caps.causal) s << ", causal";
+  if (caps.gqa) s << ", GQA";
+  s << (caps.backward ? ", fwd+bwd" : ", fwd only");
+  return s.str();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace ladder

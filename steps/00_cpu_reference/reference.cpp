@@ -1,0 +1,105 @@
+// Step 00 — CPU reference (float64, Eigen). The top of the ladder's correctness:
+//
+//   S = scale * Q K^T            (masked: key j visible to query i iff j <= i + N - M)
+//   P = softmax(S) row by row    (max-shifted; a row with no visible key gives P = 0)
+//   O = P V,  LSE = m + log l    (m the row max, l the row sum of exp(S - m))
+// backward, from dO:
+//   dV = P^T dO,  dP = dO V^T,  D = rowsum(dO o O),  dS = P o (dP - D)
+//   dQ = scale * dS K,  dK = scale * dS^T Q   (summed over the query heads of a GQA group)
+#include "reference.hpp"
+
+#include <Eigen/Dense>
+#include <cmath>
+#include <limits>
+
+namespace ladder::reference {
+namespace {
+
+using Mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// Rows [row0, row0 + rows) of head `head` of a [.., heads, seq, d] tensor as a matrix.
+Mat load(const Tensor& t, int64_t batch, int64_t head, const std::vector<int64_t>& rows) {
+  const int64_t heads = t.shape[1], seq = t.shape[2], d = t.shape[3];
+  Mat m(int64_t(rows.size()), d);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const double* src = &t.data[size_t(((batch * heads + head) * seq + rows[r]) * d)];
+    for (int64_t c = 0; c < d; ++c) m(int64_t(r), c) = src[c];
+  }
+  return m;
+}
+
+void store(Tensor& t, int64_t batch, int64_t head, const std::vector<int64_t>& rows, const Mat& m) {
+  const int64_t heads = t.shape[1], seq = t.shape[2], d = t.shape[3];
+  for (size_t r = 0; r < rows.size(); ++r) {
+    double* dst = &t.data[size_t(((batch * heads + head) * seq + rows[r]) * d)];
+    for (int64_t c = 0; c < d; ++c) dst[c] = m(int64_t(r), c);
+  }
+}
+
+std::vector<int64_t> iota(int64_t n) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = i;
+  return v;
+}
+
+}  // namespace
+
+void attention(const Problem& p, const Inputs& in, Outputs& out, const std::vector<int64_t>* sel) {
+  const bool full = sel == nullptr;
+  const std::vector<int64_t> all_rows = full ? iota(p.seq_q) : *sel;
+  const double scale = p.softmax_scale();
+  const int64_t N = p.seq_k;
+  const std::vector<int64_t> keys = iota(N);
+  const size_t kBlock = 256;  // query rows per block: bounds the S and P scratch to 256 x N
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
+      const Mat K = load(in.k, b, hk, keys), V = load(in.v, b, hk, keys);
+      Mat dK_acc, dV_acc;
+      if (p.backward && full) dK_acc = dV_acc = Mat::Zero(N, p.dim);
+      for (int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
+        for (size_t r0 = 0; r0 < all_rows.size(); r0 += kBlock) {
+          const std::vector<int64_t> rows(
+              all_rows.begin() + long(r0),
+              all_rows.begin() + long(std::min(all_rows.size(), r0 + kBlock)));
+          const int64_t R = int64_t(rows.size());
+          const Mat Q = load(in.q, b, h, rows);
+          const Mat S = (Q * K.transpose()) * scale;
+          Mat P = Mat::Zero(R, N);
+          for (int64_t r = 0; r < R; ++r) {
+            const int64_t visible = p.visible_keys(rows[size_t(r)]);
+            double& lse = out.lse.data[size_t((b * p.heads + h) * p.seq_q + rows[size_t(r)])];
+            if (visible == 0) {  // no visible key: O = 0, LSE = -inf, zero gradients
+              lse = -std::numeric_limits<double>::infinity();
+              continue;
+            }
+            const double m = S.row(r).head(visible).maxCoeff();
+            P.row(r).head(visible) = (S.row(r).head(visible).array() - m).exp().matrix();
+            const double l = P.row(r).head(visible).sum();
+            P.row(r).head(visible) /= l;
+            lse = m + std::log(l);
+          }
+          const Mat O = P * V;
+          store(out.o, b, h, rows, O);
+          if (!p.backward) continue;
+
+          const Mat dO = load(in.dout, b, h, rows);
+          const Mat dP = dO * V.transpose();
+          const Eigen::VectorXd D = (dO.array() * O.array()).rowwise().sum();
+          const Mat dS = (P.array() * (dP.colwise() - D).array()).matrix();
+          const Mat dQ = (dS * K) * scale;
+          store(out.dq, b, h, rows, dQ);
+          if (full) {
+            dK_acc.noalias() += (dS.transpose() * Q) * scale;
+            dV_acc.noalias() += P.transpose() * dO;
+          }
+        }
+      }
+      if (p.backward && full) {
+        store(out.dk, b, hk, keys, dK_acc);
+        store(out.dv, b, hk, keys, dV_acc);
+      }
+    }
+  }
+}
+
+}  // namespace ladder::reference

@@ -1,0 +1,96 @@
+// Step 01 — three-pass safe softmax attention (CPU, fp32).
+//
+// Where it sits: the first rung after the float64 oracle (00). It computes the same
+// O and LSE, in float32, one query row at a time, with softmax written out as the
+// three passes a first implementation uses:
+//   S_i   = scale * q_i K^T           (one row of scores, N floats of workspace)
+//   pass 1: m_i = max_j S_ij
+//   pass 2: l_i = sum_j exp(S_ij - m_i)
+//   pass 3: P_ij = exp(S_ij - m_i) / l_i,   O_i = sum_j P_ij V_j,   LSE_i = m_i + log l_i
+// What it adds over 00: the max shift made explicit ("safe" softmax). The variant
+// `unsafe` drops the shift, exp(S_ij) / sum_j exp(S_ij), and overflows to inf/NaN as
+// soon as a logit passes ~88 (float32's exp limit): see notes/01_three_pass_softmax.md.
+// What the next step (02) fixes: three passes over S per row become one.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "step.hpp"
+#include "timing.hpp"
+
+namespace ladder {
+namespace {
+
+void three_pass_attention(const Problem& p, const std::vector<float>& Q,
+                          const std::vector<float>& K, const std::vector<float>& V, Outputs& out,
+                          bool safe) {
+  const int64_t M = p.seq_q, N = p.seq_k, d = p.dim;
+  const float scale = float(p.softmax_scale());
+  std::vector<float> S(static_cast<size_t>(N)), o(static_cast<size_t>(d));
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads; ++h) {
+      const int64_t hk = h / p.group();  // GQA: the K/V head this query head reads
+      const float* Kh = &K[size_t((b * p.heads_kv + hk) * N * d)];
+      const float* Vh = &V[size_t((b * p.heads_kv + hk) * N * d)];
+      for (int64_t i = 0; i < M; ++i) {
+        const float* q = &Q[size_t(((b * p.heads + h) * M + i) * d)];
+        const int64_t n = p.visible_keys(i);  // keys 0..n-1 are visible (causal: bottom-right)
+        for (int64_t j = 0; j < n; ++j) {
+          float s = 0;
+          for (int64_t c = 0; c < d; ++c) s += q[c] * Kh[j * d + c];
+          S[size_t(j)] = scale * s;
+        }
+        // Pass 1: the row max (the "safe" shift); 0 in the unsafe variant.
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < n; ++j) m = std::max(m, S[size_t(j)]);
+        if (!safe) m = 0;
+        // Pass 2: the normaliser l = sum exp(S - m).
+        float l = 0;
+        for (int64_t j = 0; j < n; ++j) l += std::exp(S[size_t(j)] - m);
+        // Pass 3: normalise and accumulate O = P V.
+        std::fill(o.begin(), o.end(), 0.f);
+        for (int64_t j = 0; j < n; ++j) {
+          const float pij = std::exp(S[size_t(j)] - m) / l;
+          for (int64_t c = 0; c < d; ++c) o[size_t(c)] += pij * Vh[j * d + c];
+        }
+        const int64_t row = (b * p.heads + h) * M + i;
+        for (int64_t c = 0; c < d; ++c) out.o.data[size_t(row * d + c)] = o[size_t(c)];
+        // No visible key: O = 0 (the loops above did nothing) and LSE = -inf.
+        out.lse.data[size_t(row)] =
+            n == 0 ? -std::numeric_limits<double>::infinity() : double(m + std::log(l));
+      }
+    }
+}
+
+}  // namespace
+
+const Step& step_01() {
+  static const Step s = [] {
+    Step s;
+    s.number = 1;
+    s.name = "01_three_pass_softmax";
+    s.summary = "safe softmax in 3 passes per row (max, sum, normalize), fp32";
+    s.adds = {"fp32", "row by row", "pass 1: max", "pass 2: sum of exp(s - max)",
+              "pass 3: normalize and P.V"};
+    s.device = Device::cpu;
+    s.caps.dtypes = {DType::f32};
+    s.caps.limits = "workspace: one row of S (seq_k floats)";
+    s.variants = {
+        {"safe", "subtract the row max before exp (exact for any finite logits)", true},
+        {"unsafe", "no max shift: exp overflows to inf and P to NaN once a logit exceeds ~88",
+         false}};
+    s.run = [](const Problem& p, const Inputs& in, Outputs& out, const RunOptions& opt) {
+      const std::vector<float> Q = to_float(in.q), K = to_float(in.k), V = to_float(in.v);
+      const bool safe = opt.variant != "unsafe";
+      RunResult r;
+      r.fwd_ms = time_cpu_ms([&] { three_pass_attention(p, Q, K, V, out, safe); }, opt.repeats,
+                             opt.warmup);
+      r.workspace_bytes = double(p.seq_k) * sizeof(float);
+      return r;
+    };
+    return s;
+  }();
+  return s;
+}
+
+}  // namespace ladder

@@ -1,0 +1,204 @@
+// Step 02 — online softmax (CPU, fp32).
+//
+// Where it sits: after 01's three passes over each row of S. The online softmax
+// (Milakov & Gimelshein, 2018) keeps a running max m and a running sum l and
+// rescales l by exp(m_old - m_new) whenever the max grows, so max and sum take one
+// pass. Folding P.V into the same pass gives the recurrence FlashAttention is
+// built on: O is kept unnormalised, rescaled by the same factor, and divided once.
+//   two-pass:  pass 1 (m, l) online; pass 2 O_i = sum_j exp(S_ij - m_i) / l_i * V_j
+//   one-pass:  for each key j:  m' = max(m, S_ij);  a = exp(m - m');  p = exp(S_ij - m')
+//              l = a*l + p;  O = a*O + p*V_j;  m = m'      then O /= l, LSE = m + log l
+//   tiled:     the one-pass recurrence over Br x Bc blocks of S, in the names of the
+//              FlashAttention-2 pseudocode (Q_i, K_j, V_j, m_i, l_i, Tr, Tc): the GPU
+//              tiling of step 05, first seen on the CPU.
+// What it adds over 01: one pass over keys; O(d) state per row instead of a row of S.
+// What the next step (03) does: the same math moved to the GPU, naively.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "step.hpp"
+#include "timing.hpp"
+
+namespace ladder {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+float dot(const float* a, const float* b, int64_t d) {
+  float s = 0;
+  for (int64_t c = 0; c < d; ++c) s += a[c] * b[c];
+  return s;
+}
+
+// Writes row `row` of O (already divided by l) and its LSE; l == 0 means no visible key.
+void finish_row(Outputs& out, int64_t row, int64_t d, const float* o, float m, float l) {
+  const float inv_l = l > 0 ? 1.f / l : 0.f;
+  for (int64_t c = 0; c < d; ++c) out.o.data[size_t(row * d + c)] = o[c] * inv_l;
+  out.lse.data[size_t(row)] =
+      l > 0 ? double(m + std::log(l)) : -std::numeric_limits<double>::infinity();
+}
+
+struct Views {  // the float32 copies of the inputs, and per-head pointers into them
+  const Problem& p;
+  const std::vector<float>&Q, &K, &V;
+  const float* q(int64_t b, int64_t h, int64_t i) const {
+    return &Q[size_t(((b * p.heads + h) * p.seq_q + i) * p.dim)];
+  }
+  const float* k(int64_t b, int64_t h, int64_t j) const {
+    return &K[size_t(((b * p.heads_kv + h / p.group()) * p.seq_k + j) * p.dim)];
+  }
+  const float* v(int64_t b, int64_t h, int64_t j) const {
+    return &V[size_t(((b * p.heads_kv + h / p.group()) * p.seq_k + j) * p.dim)];
+  }
+};
+
+// Two passes: (m, l) online in the first, then O with the final m and l.
+void two_pass(const Views& x, Outputs& out) {
+  const Problem& p = x.p;
+  const float scale = float(p.softmax_scale());
+  std::vector<float> o(static_cast<size_t>(p.dim));
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads; ++h)
+      for (int64_t i = 0; i < p.seq_q; ++i) {
+        const int64_t n = p.visible_keys(i);
+        float m = kNegInf, l = 0;
+        for (int64_t j = 0; j < n; ++j) {  // pass 1: running max and rescaled sum
+          const float s = scale * dot(x.q(b, h, i), x.k(b, h, j), p.dim);
+          const float m_new = std::max(m, s);
+          l = l * std::exp(m - m_new) + std::exp(s - m_new);
+          m = m_new;
+        }
+        std::fill(o.begin(), o.end(), 0.f);
+        for (int64_t j = 0; j < n; ++j) {  // pass 2: P_ij = exp(S_ij - m) (divided by l at the end)
+          const float pij = std::exp(scale * dot(x.q(b, h, i), x.k(b, h, j), p.dim) - m);
+          const float* vj = x.v(b, h, j);
+          for (int64_t c = 0; c < p.dim; ++c) o[size_t(c)] += pij * vj[c];
+        }
+        finish_row(out, (b * p.heads + h) * p.seq_q + i, p.dim, o.data(), m, l);
+      }
+}
+
+// One pass: the attention recurrence with running m, l and unnormalised O.
+void one_pass(const Views& x, Outputs& out) {
+  const Problem& p = x.p;
+  const float scale = float(p.softmax_scale());
+  std::vector<float> o(static_cast<size_t>(p.dim));
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads; ++h)
+      for (int64_t i = 0; i < p.seq_q; ++i) {
+        const int64_t n = p.visible_keys(i);
+        float m = kNegInf, l = 0;
+        std::fill(o.begin(), o.end(), 0.f);
+        for (int64_t j = 0; j < n; ++j) {
+          const float s = scale * dot(x.q(b, h, i), x.k(b, h, j), p.dim);
+          const float m_new = std::max(m, s);
+          const float alpha = std::exp(m - m_new);  // rescales what was summed under the old max
+          const float pij = std::exp(s - m_new);
+          l = alpha * l + pij;
+          const float* vj = x.v(b, h, j);
+          for (int64_t c = 0; c < p.dim; ++c) o[size_t(c)] = alpha * o[size_t(c)] + pij * vj[c];
+          m = m_new;
+        }
+        finish_row(out, (b * p.heads + h) * p.seq_q + i, p.dim, o.data(), m, l);
+      }
+}
+
+// Tiled: FlashAttention-2's loop order on the CPU. For each query tile Q_i (Br rows) keep
+// m_i, l_i and O_i; for each key tile K_j, V_j (Bc rows): S_ij = scale Q_i K_j^T,
+// m_new = max(m_i, rowmax S_ij), P_ij = exp(S_ij - m_new),
+// l_i = exp(m_i - m_new) l_i + rowsum P_ij, O_i = diag(exp(m_i - m_new)) O_i + P_ij V_j.
+void tiled(const Views& x, Outputs& out, int64_t Br, int64_t Bc) {
+  const Problem& p = x.p;
+  const int64_t M = p.seq_q, N = p.seq_k, d = p.dim;
+  const float scale = float(p.softmax_scale());
+  const int64_t Tr = (M + Br - 1) / Br, Tc = (N + Bc - 1) / Bc;
+  std::vector<float> S(static_cast<size_t>(Br * Bc)), O(static_cast<size_t>(Br * d));
+  std::vector<float> m(static_cast<size_t>(Br)), l(static_cast<size_t>(Br));
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads; ++h)
+      for (int64_t ti = 0; ti < Tr; ++ti) {
+        const int64_t i0 = ti * Br, rows = std::min(Br, M - i0);
+        std::fill(O.begin(), O.end(), 0.f);
+        std::fill(m.begin(), m.end(), kNegInf);
+        std::fill(l.begin(), l.end(), 0.f);
+        // Causal: tiles starting past the last key visible to this tile's last row are skipped.
+        const int64_t n_vis = p.visible_keys(i0 + rows - 1);
+        const int64_t tc_end = std::min(Tc, (n_vis + Bc - 1) / Bc);
+        for (int64_t tj = 0; tj < tc_end; ++tj) {
+          const int64_t j0 = tj * Bc, cols = std::min(Bc, N - j0);
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t n = p.visible_keys(i0 + r);  // mask inside the tile
+            float row_max = kNegInf;
+            for (int64_t c = 0; c < cols; ++c) {
+              const float s =
+                  j0 + c < n ? scale * dot(x.q(b, h, i0 + r), x.k(b, h, j0 + c), d) : kNegInf;
+              S[size_t(r * Bc + c)] = s;
+              row_max = std::max(row_max, s);
+            }
+            const float m_new = std::max(m[size_t(r)], row_max);
+            if (m_new == kNegInf) continue;  // nothing visible yet: exp(-inf - -inf) would be NaN
+            const float alpha = std::exp(m[size_t(r)] - m_new);
+            float row_sum = 0;
+            float* o = &O[size_t(r * d)];
+            for (int64_t c = 0; c < d; ++c) o[c] *= alpha;
+            for (int64_t c = 0; c < cols; ++c) {
+              const float pij = std::exp(S[size_t(r * Bc + c)] - m_new);
+              row_sum += pij;
+              const float* vj = x.v(b, h, j0 + c);
+              for (int64_t e = 0; e < d; ++e) o[e] += pij * vj[e];
+            }
+            l[size_t(r)] = alpha * l[size_t(r)] + row_sum;
+            m[size_t(r)] = m_new;
+          }
+        }
+        for (int64_t r = 0; r < rows; ++r)
+          finish_row(out, (b * p.heads + h) * M + i0 + r, d, &O[size_t(r * d)], m[size_t(r)],
+                     l[size_t(r)]);
+      }
+}
+
+}  // namespace
+
+const Step& step_02() {
+  static const Step s = [] {
+    Step s;
+    s.number = 2;
+    s.name = "02_online_softmax";
+    s.summary =
+        "online softmax: 2-pass (m, l fused), then the one-pass recurrence (running m, l, O; one "
+        "divide)";
+    s.adds = {"online (m, l) with rescale exp(m_old - m_new)",
+              "one-pass recurrence with unnormalised O", "one division at the end",
+              "tiled Br x Bc form (FlashAttention pseudocode)"};
+    s.device = Device::cpu;
+    s.caps.dtypes = {DType::f32};
+    s.caps.limits = "tiled variant: Br, Bc from --tile-q/--tile-k (default 64 x 64)";
+    s.variants = {{"one-pass", "the attention recurrence: running m, l and unnormalised O", true},
+                  {"two-pass", "online (m, l) in pass 1, O in pass 2", true},
+                  {"tiled", "the one-pass recurrence over Br x Bc tiles of S", true}};
+    s.run = [](const Problem& p, const Inputs& in, Outputs& out, const RunOptions& opt) {
+      const std::vector<float> Q = to_float(in.q), K = to_float(in.k), V = to_float(in.v);
+      const Views x{p, Q, K, V};
+      const int64_t Br = opt.tile_q > 0 ? opt.tile_q : 64, Bc = opt.tile_k > 0 ? opt.tile_k : 64;
+      RunResult r;
+      if (opt.variant == "two-pass") {
+        r.fwd_ms = time_cpu_ms([&] { two_pass(x, out); }, opt.repeats, opt.warmup);
+        r.workspace_bytes = double(p.dim) * 4;
+      } else if (opt.variant == "tiled") {
+        r.fwd_ms = time_cpu_ms([&] { tiled(x, out, Br, Bc); }, opt.repeats, opt.warmup);
+        r.workspace_bytes = double(Br * Bc + Br * p.dim + 2 * Br) * 4;
+        r.config = "Br=" + std::to_string(Br) + " Bc=" + std::to_string(Bc);
+      } else {
+        r.fwd_ms = time_cpu_ms([&] { one_pass(x, out); }, opt.repeats, opt.warmup);
+        r.workspace_bytes = double(p.dim) * 4;
+      }
+      return r;
+    };
+    return s;
+  }();
+  return s;
+}
+
+}  // namespace ladder

@@ -1,0 +1,107 @@
+// The one Catch2 harness: runs every shared case a step supports, in every dtype and
+// checked variant it has, against the float64 oracle with the LADDER.md rule, and names
+// each case it does not run and why.
+//   harness --step NN [catch2 options]
+// Exit 77 (ctest: skipped) when the step needs a CUDA device and none is present.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+
+#include "cases.hpp"
+#include "device.hpp"
+#include "program.hpp"
+#include "registry.hpp"
+#include "report.hpp"
+
+namespace {
+const ladder::Step* g_step = nullptr;
+constexpr int kSkipped = 77;
+}  // namespace
+
+TEST_CASE("shared cases against the float64 oracle", "[harness]") {
+  using namespace ladder;
+  const Step& s = *g_step;
+  struct Job {
+    std::string label;
+    Problem p;
+    InputKind kind;
+    std::string variant;
+  };
+  std::vector<Job> jobs;
+  std::vector<std::string> not_run;
+  for (const Case& c : shared_cases())
+    for (DType t : s.caps.dtypes) {
+      Problem p = c.p;
+      p.dtype = t;
+      p.backward = s.caps.backward;
+      const std::string label = c.name + " " + dtype_name(t) + (p.backward ? " fwd+bwd" : " fwd");
+      const std::string why = s.unsupported(p);
+      if (!why.empty()) {
+        not_run.push_back(c.name + " " + dtype_name(t) + ": " + why);
+        continue;
+      }
+      for (const Variant& v : s.variants) {
+        if (v.checked) jobs.push_back({label, p, c.kind, v.name});
+      }
+    }
+  for (const Variant& v : s.variants)
+    if (!v.checked)
+      not_run.push_back("variant '" + v.name +
+                        "' (all cases): a demonstration of a failure, not a checked form");
+
+  static bool printed = false;
+  if (!printed) {
+    printed = true;
+    std::cout << "step " << s.name << ": " << jobs.size()
+              << " runs of shared cases; not run: " << not_run.size() << "\n";
+    for (const std::string& n : not_run) std::cout << "  NOT RUN " << n << "\n";
+  }
+
+  for (const Job& j : jobs) {
+    DYNAMIC_SECTION(j.label << " [" << j.variant << "]") {
+      const Inputs in = make_inputs(j.p, j.kind);
+      RunOptions ro;
+      ro.variant = j.variant;
+      ro.repeats = 1;
+      ro.warmup = 0;
+      const CheckedRun r = run_checked(s, j.p, in, ro, CheckMode::full);
+      std::ostringstream line;
+      line << (r.check.pass ? "  pass " : "  FAIL ") << j.label << " [" << j.variant << "]";
+      for (const TensorCheck& t : r.check.tensors)
+        line << "  " << t.name << " " << fmt_sci(t.step.max_abs) << "/" << fmt_sci(t.tol);
+      std::cout << line.str() << "\n";
+      INFO(j.label << " [" << j.variant << "]: " << j.p.describe() << "\n" << r.check.summary());
+      CHECK(r.check.pass);
+    }
+  }
+}
+
+int main(int argc, char** argv) {
+  std::vector<char*> rest = {argv[0]};
+  int number = -1;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--step") == 0 && i + 1 < argc) {
+      number = std::atoi(argv[++i]);
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  g_step = ladder::find_step(number);
+  if (!g_step) {
+    std::cerr << "usage: harness --step NN [catch2 options]; step " << number
+              << " is not built here\n";
+    return 2;
+  }
+  if (g_step->device == ladder::Device::cuda) {
+    std::string why;
+    if (ladder::cuda_device_count(&why) == 0) {
+      std::cout << "NOT RUN: step " << g_step->name << " needs a CUDA device: " << why << "\n";
+      return kSkipped;
+    }
+  }
+  return Catch::Session().run(int(rest.size()), rest.data());
+}

@@ -1,0 +1,4 @@
+#include "registry.hpp"
+int main() {
+  return 0;
+}
