@@ -129,6 +129,8 @@ int run_step_cli(const Step& s, const CommonOptions& o) {
     const std::string why = s.unsupported(p);
     if (!why.empty()) throw BadInput(why);
     const RunOptions ro = resolve_run_options(s, o);
+    if (ro.tile_q < 0 || ro.tile_k < 0)
+      throw BadInput("--tile-q and --tile-k must be >= 0 (0: the step's choice)");
     const std::string bad_variant = s.unknown_variant(ro.variant);
     if (!bad_variant.empty()) throw BadInput(bad_variant);
     if (!o.save.empty() && std::filesystem::exists(o.save) &&
@@ -173,6 +175,9 @@ int run_step_cli(const Step& s, const CommonOptions& o) {
   } catch (const NoDevice& e) {
     std::cerr << "error: " << e.what() << "\n";
     return kExitNoDevice;
+  } catch (const std::exception& e) {  // a CUDA failure or another bug: no result to trust
+    std::cerr << "error: the run failed: " << e.what() << "\n";
+    return kExitCheckFailed;
   }
 }
 

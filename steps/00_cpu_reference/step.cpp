@@ -1,5 +1,9 @@
-// Step 00 as a ladder step: the oracle run on its own, so its outputs can be saved,
-// compared and timed like any rung's. The algorithm itself is in reference.cpp.
+// Step 00 — CPU reference (float64, Eigen), as a ladder step.
+// Adds: matrix-form forward; LSE; backward dQ dK dV; bottom-right causal mask; GQA.
+//
+// The oracle run on its own, so its outputs can be saved, compared and timed like any
+// rung's. The algorithm is in reference.cpp; plain.cpp holds the same-precision
+// computation whose error sets the harness's tolerance.
 #include "reference.hpp"
 #include "step.hpp"
 #include "timing.hpp"
@@ -12,8 +16,7 @@ const Step& step_00() {
     s.number = 0;
     s.name = "00_cpu_reference";
     s.summary = "the oracle: S = scale*QK^T, safe softmax, O = PV, LSE; backward dQ dK dV (Eigen)";
-    s.adds = {"matrix-form forward", "LSE", "backward: dV = P^T dO, dS = P o (dP - D)",
-              "bottom-right causal mask", "GQA"};
+    s.adds = {"matrix-form forward", "LSE", "backward dQ dK dV", "bottom-right causal mask", "GQA"};
     s.device = Device::cpu;
     s.caps.dtypes = {DType::f64};
     s.caps.backward = true;

@@ -1,4 +1,5 @@
 // Step 01 — three-pass safe softmax attention (CPU, fp32).
+// Adds: fp32; row by row; pass 1: max; pass 2: sum of exp(s - max); pass 3: normalize and P.V.
 //
 // Where it sits: the first rung after the float64 oracle (00). It computes the same
 // O and LSE, in float32, one query row at a time, with softmax written out as the

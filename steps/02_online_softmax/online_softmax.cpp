@@ -1,4 +1,6 @@
 // Step 02 — online softmax (CPU, fp32).
+// Adds: online (m, l) with rescale exp(m_old - m_new); one-pass recurrence with unnormalised O; one
+// division at the end; tiled Br x Bc form (FlashAttention pseudocode).
 //
 // Where it sits: after 01's three passes over each row of S. The online softmax
 // (Milakov & Gimelshein, 2018) keeps a running max m and a running sum l and

@@ -1,0 +1,155 @@
+// CUDA plumbing shared by the GPU rungs: error checks, the device check (exit 3),
+// device buffers that are poisoned before a run, and event timing.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "error.hpp"
+#include "inputs.hpp"
+#include "step.hpp"
+
+namespace ladder {
+
+// A CUDA call or launch failed: a bug, reported and ended with exit status 1.
+struct CudaFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+inline void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
+  if (e != cudaSuccess)
+    throw CudaFailure(std::string(file) + ":" + std::to_string(line) + ": " + what + ": " +
+                      cudaGetErrorString(e));
+}
+#define CUDA_CHECK(expr) ::ladder::cuda_check((expr), #expr, __FILE__, __LINE__)
+// After every launch: the launch itself, then (synchronously) the kernel's execution.
+#define CUDA_CHECK_LAUNCH() ::ladder::cuda_check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+
+// Throws NoDevice (exit 3) when no CUDA device is usable; returns its properties.
+inline cudaDeviceProp require_device() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    (void)cudaGetLastError();
+    throw NoDevice(std::string("this step needs a CUDA device: ") +
+                   (e != cudaSuccess ? cudaGetErrorString(e) : "none found"));
+  }
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  return prop;
+}
+
+// Throws BadInput (exit 2), before anything is allocated, when `bytes` more device memory
+// would not fit in what is free now.
+inline void require_free_memory(double bytes, const std::string& what) {
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (bytes > double(free_b) * 0.95)
+    throw BadInput(what + " needs " + std::to_string(bytes / double(1 << 30)) + " GiB of device memory; " +
+                   std::to_string(double(free_b) / double(1 << 30)) + " GiB are free");
+}
+
+// An owning device array of T.
+template <class T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n) : n_(n) {
+    if (n) CUDA_CHECK(cudaMalloc(&p_, n * sizeof(T)));
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(p_, o.p_), std::swap(n_, o.n_);
+    return *this;
+  }
+  ~DeviceBuffer() {
+    if (p_) cudaFree(p_);
+  }
+  T* get() const { return p_; }
+  size_t size() const { return n_; }
+  size_t bytes() const { return n_ * sizeof(T); }
+  void upload(const std::vector<T>& h) {
+    CUDA_CHECK(cudaMemcpy(p_, h.data(), std::min(h.size(), n_) * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    std::vector<T> h(n_);
+    CUDA_CHECK(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  // All bytes 0xFF: NaN for float, half and bfloat16, so unwritten outputs fail the check.
+  void poison() { CUDA_CHECK(cudaMemset(p_, 0xFF, n_ * sizeof(T))); }
+  void zero() { CUDA_CHECK(cudaMemset(p_, 0, n_ * sizeof(T))); }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Host conversions of a (double) tensor to the device element types, and back.
+inline std::vector<float> host_f32(const Tensor& t) { return std::vector<float>(t.data.begin(), t.data.end()); }
+inline std::vector<__half> host_f16(const Tensor& t) {
+  std::vector<__half> h(t.data.size());
+  for (size_t i = 0; i < h.size(); ++i) h[i] = __float2half_rn(float(t.data[i]));
+  return h;
+}
+inline std::vector<__nv_bfloat16> host_bf16(const Tensor& t) {
+  std::vector<__nv_bfloat16> h(t.data.size());
+  for (size_t i = 0; i < h.size(); ++i) h[i] = __float2bfloat16_rn(float(t.data[i]));
+  return h;
+}
+template <class T>
+void to_tensor(const std::vector<T>& h, Tensor& t) {
+  for (size_t i = 0; i < h.size() && i < t.data.size(); ++i) t.data[i] = double(float(h[i]));
+}
+
+// Writes 2x the L2 size so that the next timed run finds its inputs in HBM, not L2.
+class L2Flusher {
+ public:
+  L2Flusher() {
+    int dev = 0, l2 = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+    buf_ = DeviceBuffer<char>(size_t(l2) * 2);
+  }
+  void flush() { CUDA_CHECK(cudaMemsetAsync(buf_.get(), 0, buf_.size())); }
+
+ private:
+  DeviceBuffer<char> buf_;
+};
+
+// Times fn() (which launches kernels on the default stream) with CUDA events: `warmup`
+// untimed runs, then `repeats` timed runs, each after an L2 flush; returns the median ms.
+// Checks for launch and execution errors after the warm-up and after the timed runs.
+template <class Fn>
+double time_gpu_ms(Fn&& fn, int repeats, int warmup) {
+  L2Flusher l2;
+  for (int i = 0; i < warmup; ++i) fn();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> ms;
+  for (int i = 0; i < std::max(1, repeats); ++i) {
+    l2.flush();
+    CUDA_CHECK(cudaEventRecord(a));
+    fn();
+    CUDA_CHECK(cudaEventRecord(b));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  CUDA_CHECK(cudaEventDestroy(a));
+  CUDA_CHECK(cudaEventDestroy(b));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return median(ms);
+}
+
+}  // namespace ladder
