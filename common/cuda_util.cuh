@@ -22,9 +22,14 @@ struct CudaFailure : std::runtime_error {
 };
 
 inline void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
+#ifdef LADDER_EXERCISE
+  const char* note = " (exercise build: a LADDER_TODO region in device code traps when reached)";
+#else
+  const char* note = "";
+#endif
   if (e != cudaSuccess)
     throw CudaFailure(std::string(file) + ":" + std::to_string(line) + ": " + what + ": " +
-                      cudaGetErrorString(e));
+                      cudaGetErrorString(e) + note);
 }
 #define CUDA_CHECK(expr) ::ladder::cuda_check((expr), #expr, __FILE__, __LINE__)
 // After every launch: the launch itself, then (synchronously) the kernel's execution.

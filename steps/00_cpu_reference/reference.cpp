@@ -12,6 +12,8 @@
 #include <cmath>
 #include <limits>
 
+#include "exercise.hpp"
+
 namespace ladder::reference {
 namespace {
 
@@ -83,10 +85,16 @@ void attention(const Problem& p, const Inputs& in, Outputs& out, const std::vect
           if (!p.backward) continue;
 
           const Mat dO = load(in.dout, b, h, rows);
-          const Mat dP = dO * V.transpose();
-          const Eigen::VectorXd D = (dO.array() * O.array()).rowwise().sum();
-          const Mat dS = (P.array() * (dP.colwise() - D).array()).matrix();
-          const Mat dQ = (dS * K) * scale;
+          Mat dP, dS, dQ;
+          Eigen::VectorXd D;
+          // EXERCISE BEGIN backward-products
+          // From P (softmax probabilities), O and dO of these rows: dP = dO V^T,
+          // D = rowsum(dO o O), dS = P o (dP - D) (D broadcast along each row), dQ = scale dS K.
+          dP = dO * V.transpose();
+          D = (dO.array() * O.array()).rowwise().sum();
+          dS = (P.array() * (dP.colwise() - D).array()).matrix();
+          dQ = (dS * K) * scale;
+          // EXERCISE END
           store(out.dq, b, h, rows, dQ);
           if (full) {
             dK_acc.noalias() += (dS.transpose() * Q) * scale;

@@ -16,6 +16,7 @@
 #include <limits>
 #include <vector>
 
+#include "exercise.hpp"
 #include "step.hpp"
 #include "timing.hpp"
 
@@ -41,19 +42,19 @@ void three_pass_attention(const Problem& p, const std::vector<float>& Q,
           for (int64_t c = 0; c < d; ++c) s += q[c] * Kh[j * d + c];
           S[size_t(j)] = scale * s;
         }
-        // Pass 1: the row max (the "safe" shift); 0 in the unsafe variant.
-        float m = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < n; ++j) m = std::max(m, S[size_t(j)]);
-        if (!safe) m = 0;
-        // Pass 2: the normaliser l = sum exp(S - m).
-        float l = 0;
-        for (int64_t j = 0; j < n; ++j) l += std::exp(S[size_t(j)] - m);
-        // Pass 3: normalise and accumulate O = P V.
+        float m = -std::numeric_limits<float>::infinity(), l = 0;
         std::fill(o.begin(), o.end(), 0.f);
-        for (int64_t j = 0; j < n; ++j) {
+        // EXERCISE BEGIN three-passes
+        // Over the n visible scores S[0..n): pass 1 sets m to their max (0 when !safe), pass 2
+        // sums exp(S[j] - m) into l, pass 3 adds exp(S[j] - m) / l * V_j to o.
+        for (int64_t j = 0; j < n; ++j) m = std::max(m, S[size_t(j)]);    // pass 1: the row max
+        if (!safe) m = 0;                                                 // unsafe: no shift
+        for (int64_t j = 0; j < n; ++j) l += std::exp(S[size_t(j)] - m);  // pass 2: l
+        for (int64_t j = 0; j < n; ++j) {  // pass 3: normalise, accumulate O = P V
           const float pij = std::exp(S[size_t(j)] - m) / l;
           for (int64_t c = 0; c < d; ++c) o[size_t(c)] += pij * Vh[j * d + c];
         }
+        // EXERCISE END
         const int64_t row = (b * p.heads + h) * M + i;
         for (int64_t c = 0; c < d; ++c) out.o.data[size_t(row * d + c)] = o[size_t(c)];
         // No visible key: O = 0 (the loops above did nothing) and LSE = -inf.

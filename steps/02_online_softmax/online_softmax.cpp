@@ -20,6 +20,7 @@
 #include <limits>
 #include <vector>
 
+#include "exercise.hpp"
 #include "step.hpp"
 #include "timing.hpp"
 
@@ -95,13 +96,18 @@ void one_pass(const Views& x, Outputs& out) {
         std::fill(o.begin(), o.end(), 0.f);
         for (int64_t j = 0; j < n; ++j) {
           const float s = scale * dot(x.q(b, h, i), x.k(b, h, j), p.dim);
+          const float* vj = x.v(b, h, j);
+          // EXERCISE BEGIN online-update
+          // Fold key j (logit s, value row vj) into the running state m, l, o: take the new
+          // max, rescale what was accumulated under the old max by exp(m - m_new), add this
+          // key's exp(s - m_new) to l and exp(s - m_new) * vj to o. No division here.
           const float m_new = std::max(m, s);
           const float alpha = std::exp(m - m_new);  // rescales what was summed under the old max
           const float pij = std::exp(s - m_new);
           l = alpha * l + pij;
-          const float* vj = x.v(b, h, j);
           for (int64_t c = 0; c < p.dim; ++c) o[size_t(c)] = alpha * o[size_t(c)] + pij * vj[c];
           m = m_new;
+          // EXERCISE END
         }
         finish_row(out, (b * p.heads + h) * p.seq_q + i, p.dim, o.data(), m, l);
       }
