@@ -8,23 +8,39 @@ int cuda_device_count(std::string* why) {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
-    if (why) *why = std::string("no CUDA device: ") + (e != cudaSuccess ? cudaGetErrorString(e) : "none found");
-    (void)cudaGetLastError();
+    if (why)
+      *why = std::string("no CUDA device: ") +
+             (e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+    (void)cudaGetLastError();  // clear the sticky error so later calls start clean
     return 0;
   }
   return n;
 }
 
+std::string gpu_name() {
+  if (cuda_device_count() == 0) return "";
+  int dev = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "";
+  }
+  return prop.name;
+}
+
+std::string cuda_runtime_version() {
+  int rt = 0;
+  if (cudaRuntimeGetVersion(&rt) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "";
+  }
+  return std::to_string(rt / 1000) + "." + std::to_string((rt % 1000) / 10);
+}
+
 std::string cuda_device_description() {
   std::string why;
   if (cuda_device_count(&why) == 0) return why;
-  cudaDeviceProp prop{};
-  int dev = 0, rt = 0;
-  cudaGetDevice(&dev);
-  cudaGetDeviceProperties(&prop, dev);
-  cudaRuntimeGetVersion(&rt);
-  return std::string(prop.name) + ", CUDA " + std::to_string(rt / 1000) + "." +
-         std::to_string((rt % 1000) / 10);
+  return gpu_name() + ", CUDA " + cuda_runtime_version();
 }
 
 }  // namespace ladder

@@ -12,4 +12,12 @@ std::string cuda_device_description() {
   return "no CUDA in this build";
 }
 
+std::string gpu_name() {
+  return "";
+}
+
+std::string cuda_runtime_version() {
+  return "";
+}
+
 }  // namespace ladder

@@ -15,7 +15,11 @@ void Table::print(std::ostream& os) const {
   auto line = [&](const std::vector<std::string>& r) {
     for (size_t c = 0; c < w.size(); ++c) {
       const std::string& s = c < r.size() ? r[c] : std::string();
-      os << (c ? "  " : "") << std::left << std::setw(int(w[c])) << s;
+      os << (c ? "  " : "");
+      if (c + 1 < w.size())
+        os << std::left << std::setw(int(w[c])) << s;
+      else
+        os << s;  // no trailing blanks after the last column
     }
     os << "\n";
   };

@@ -1,4 +1,1144 @@
+// ladder — the driver of the attention ladder.
+//
+//   ladder list                 the rungs of this build, what each supports, whether it runs here
+//   ladder run N [flags]        one step, exactly as its own program steps/NN_name runs it
+//   ladder compare [flags]      every runnable step on the same inputs, side by side
+//   ladder diff A.npy B.npy     how far two arrays are apart, and where
+//   ladder bench [sweep flags]  the benchmark sweep, as rows of the results schema (CSV, JSON)
+//
+// Plumbing only: the algorithms live in steps/, the check in common/check.*, what a step
+// program does in common/program.*. Exit status as LADDER.md: 0 ok, 1 a check failed,
+// 2 bad or unsupported input, 3 a GPU step with no CUDA device.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "device.hpp"
+#include "error.hpp"
+#include "npy.hpp"
+#include "program.hpp"
 #include "registry.hpp"
-int main() {
-  return 0;
+#include "report.hpp"
+
+#ifndef LADDER_SOURCE_DIR
+#define LADDER_SOURCE_DIR ""
+#endif
+#ifndef LADDER_CONFIGURE_COMMIT
+#define LADDER_CONFIGURE_COMMIT "unknown"
+#endif
+
+namespace ladder {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// ------------------------------------------------------------------------------ small helpers
+
+std::string two_digits(int n) {
+  char b[16];
+  std::snprintf(b, sizeof b, "%02d", n);
+  return b;
+}
+
+template <class T>
+std::string join(const std::vector<T>& v, const char* sep = " ") {
+  std::ostringstream s;
+  for (size_t i = 0; i < v.size(); ++i) s << (i ? sep : "") << v[i];
+  return s.str();
+}
+
+// A rung by number ("5", "05") or by folder name ("05_shared_memory_fa2"); null if unknown.
+const Rung* find_rung(const std::string& s) {
+  const bool digits =
+      !s.empty() && s.size() <= 3 &&
+      std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
+  for (const Rung& r : rungs())
+    if ((digits && r.number == std::stoi(s)) || r.name == s) return &r;
+  return nullptr;
+}
+
+std::string known_rungs() {
+  std::vector<std::string> names;
+  for (const Rung& r : rungs()) names.push_back(r.name);
+  return join(names, ", ");
+}
+
+// The rungs named by --steps (all of them when none is named), in ladder order.
+std::vector<const Rung*> select_rungs(const std::vector<std::string>& names) {
+  std::vector<const Rung*> out;
+  if (names.empty()) {
+    for (const Rung& r : rungs()) out.push_back(&r);
+    return out;
+  }
+  for (const std::string& n : names) {
+    const Rung* r = find_rung(n);
+    if (!r) throw BadInput("--steps: no rung '" + n + "'; this build knows " + known_rungs());
+    if (std::find(out.begin(), out.end(), r) == out.end()) out.push_back(r);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const Rung* a, const Rung* b) { return a->number < b->number; });
+  return out;
+}
+
+// Empty if step s can run on this machine, else why not (asked of the CUDA runtime once).
+const std::string& cannot_run_here(const Step& s) {
+  static const std::string none;
+  static const std::string no_gpu = [] {
+    std::string why;
+    return cuda_device_count(&why) > 0 ? std::string() : why;
+  }();
+  return s.device == Device::cuda ? no_gpu : none;
+}
+
+std::string duration_str(double s) {
+  if (s < 60) return fmt(s, 1) + " s";
+  const long t = long(s + 0.5);
+  char b[32];
+  if (t < 3600)
+    std::snprintf(b, sizeof b, "%ldm %02lds", t / 60, t % 60);
+  else
+    std::snprintf(b, sizeof b, "%ldh %02ldm", t / 3600, (t / 60) % 60);
+  return b;
+}
+
+// "[done/total] elapsed  what" on stderr, rewritten in place; only on a terminal, so that CI
+// logs stay clean. clear() before printing anything else.
+class Progress {
+ public:
+  explicit Progress(size_t total) : total_(total), on_(isatty(STDERR_FILENO) != 0) {}
+  double elapsed_s() const { return std::chrono::duration<double>(Clock::now() - t0_).count(); }
+  void show(size_t done, const std::string& what) {
+    if (!on_) return;
+    clear();
+    const std::string line = "[" + std::to_string(done) + "/" + std::to_string(total_) + "] " +
+                             duration_str(elapsed_s()) + "  " + what;
+    std::cerr << line << std::flush;
+    width_ = line.size();
+  }
+  void clear() {
+    if (!on_ || width_ == 0) return;
+    std::cerr << "\r" << std::string(width_, ' ') << "\r" << std::flush;
+    width_ = 0;
+  }
+
+ private:
+  size_t total_;
+  bool on_;
+  size_t width_ = 0;
+  Clock::time_point t0_ = Clock::now();
+};
+
+// The shapes of a problem, without the dtype (which differs between the steps compared).
+std::string shape_str(const Problem& p) {
+  std::ostringstream s;
+  s << "batch " << p.batch << ", heads " << p.heads << "/" << p.heads_kv << " (q/kv), seq "
+    << p.seq_q << "x" << p.seq_k << ", dim " << p.dim << (p.causal ? ", causal" : "") << ", scale "
+    << p.softmax_scale();
+  return s.str();
+}
+
+// ------------------------------------------------------------------ results (LADDER.md schema)
+
+constexpr const char* kResultsHeader =
+    "step,dtype,batch,heads,heads_kv,seq_q,seq_k,dim,causal,direction,ms,tflops,gbps,"
+    "workspace_bytes,gpu,cuda,commit";
+
+// Where a number was measured: named once per run of the driver.
+struct Provenance {
+  std::string gpu, cuda, commit;
+};
+
+// Whether `cmd` exited 0; its standard output in `out`.
+bool capture(const std::string& cmd, std::string& out) {
+  out.clear();
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return false;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, f)) out += buf;
+  const int status = pclose(f);
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return status == 0;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// The commit the numbers belong to: $LADDER_COMMIT if set, else `git rev-parse --short HEAD` of
+// the source tree now (with "-dirty" for uncommitted changes to tracked files, as
+// `git describe --dirty`), else the value recorded at configure time.
+std::string source_commit() {
+  if (const char* env = std::getenv("LADDER_COMMIT"); env && *env) return env;
+  const std::string dir = LADDER_SOURCE_DIR;
+  std::string head, changes;
+  if (!dir.empty() &&
+      capture("git -C " + shell_quote(dir) + " rev-parse --short HEAD 2>/dev/null", head) &&
+      !head.empty()) {
+    const bool known = capture(
+        "git -C " + shell_quote(dir) + " status --porcelain --untracked-files=no 2>/dev/null",
+        changes);
+    return head + (known && !changes.empty() ? "-dirty" : "");
+  }
+  return LADDER_CONFIGURE_COMMIT;
+}
+
+Provenance provenance() {
+  Provenance v;
+  v.gpu = gpu_name();
+  v.cuda = cuda_runtime_version();
+  v.commit = source_commit();
+  return v;
+}
+
+struct ResultRow {
+  std::string step, dtype;
+  Problem p;
+  std::string direction;
+  double ms = 0, tflops = 0, gbps = 0, workspace = 0;
+  std::string gpu, cuda, commit;
+};
+
+ResultRow make_row(const Step& s, const Problem& p, bool bwd, const RunResult& r,
+                   const Provenance& v) {
+  ResultRow x;
+  x.step = two_digits(s.number);
+  x.dtype = dtype_name(p.dtype);
+  x.p = p;
+  x.direction = bwd ? "bwd" : "fwd";
+  x.ms = bwd ? r.bwd_ms : r.fwd_ms;
+  x.tflops = tflops(p, x.ms, bwd);
+  x.gbps = gbps(p, x.ms, bwd);
+  x.workspace = r.workspace_bytes;
+  const bool gpu = s.device == Device::cuda;
+  x.gpu = gpu ? (v.gpu.empty() ? "unknown" : v.gpu) : "cpu";
+  x.cuda = gpu && !v.cuda.empty() ? v.cuda : "-";
+  x.commit = v.commit;
+  return x;
+}
+
+std::string num(double v) {
+  if (!std::isfinite(v)) return "nan";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.6g", v);
+  return b;
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+std::string json_string(const std::string& s) {
+  std::string q = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      q += '\\';
+      q += char(c);
+    } else if (c < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      q += b;
+    } else {
+      q += char(c);
+    }
+  }
+  return q + "\"";
+}
+
+std::string json_number(double v) {
+  return std::isfinite(v) ? num(v) : "null";
+}
+
+std::string csv_line(const ResultRow& r) {
+  const Problem& p = r.p;
+  std::ostringstream s;
+  s << r.step << "," << r.dtype << "," << p.batch << "," << p.heads << "," << p.heads_kv << ","
+    << p.seq_q << "," << p.seq_k << "," << p.dim << "," << (p.causal ? 1 : 0) << "," << r.direction
+    << "," << num(r.ms) << "," << num(r.tflops) << "," << num(r.gbps) << "," << fmt(r.workspace, 0)
+    << "," << csv_field(r.gpu) << "," << csv_field(r.cuda) << "," << csv_field(r.commit);
+  return s.str();
+}
+
+std::string json_object(const ResultRow& r) {
+  const Problem& p = r.p;
+  std::ostringstream s;
+  s << "{\"step\": " << json_string(r.step) << ", \"dtype\": " << json_string(r.dtype)
+    << ", \"batch\": " << p.batch << ", \"heads\": " << p.heads << ", \"heads_kv\": " << p.heads_kv
+    << ", \"seq_q\": " << p.seq_q << ", \"seq_k\": " << p.seq_k << ", \"dim\": " << p.dim
+    << ", \"causal\": " << (p.causal ? 1 : 0) << ", \"direction\": " << json_string(r.direction)
+    << ", \"ms\": " << json_number(r.ms) << ", \"tflops\": " << json_number(r.tflops)
+    << ", \"gbps\": " << json_number(r.gbps) << ", \"workspace_bytes\": " << fmt(r.workspace, 0)
+    << ", \"gpu\": " << json_string(r.gpu) << ", \"cuda\": " << json_string(r.cuda)
+    << ", \"commit\": " << json_string(r.commit) << "}";
+  return s.str();
+}
+
+// Appends rows of the results schema to a CSV file, one flushed line per measured point (a
+// sweep cut short keeps what it measured). A new or empty file gets the header; an existing
+// file must start with the same header, so that two schemas never mix in one file.
+class ResultsCsv {
+ public:
+  explicit ResultsCsv(const std::string& path) : path_(path) {
+    if (path.empty()) return;
+    std::error_code ec;
+    const bool has_rows = fs::is_regular_file(path, ec) && fs::file_size(path, ec) > 0;
+    bool needs_newline = false;
+    if (has_rows) {
+      std::ifstream in(path, std::ios::binary);
+      std::string first;
+      std::getline(in, first);
+      if (!first.empty() && first.back() == '\r') first.pop_back();
+      if (first != kResultsHeader)
+        throw BadInput("--csv " + path + ": the file's header is\n  " + first +
+                       "\nnot the results schema\n  " + kResultsHeader +
+                       "\n(give a new file, or one written by ladder bench/compare)");
+      in.clear();
+      in.seekg(-1, std::ios::end);
+      needs_newline = in.get() != '\n';  // else our first row would join its last line
+    } else if (fs::path(path).has_parent_path()) {
+      fs::create_directories(fs::path(path).parent_path(), ec);
+    }
+    out_.open(path, std::ios::app);
+    if (!out_) throw BadInput("--csv " + path + ": cannot open the file for writing");
+    if (!has_rows) out_ << kResultsHeader << "\n";
+    if (needs_newline) out_ << "\n";
+    out_.flush();
+    appending_ = has_rows;
+  }
+  void add(const ResultRow& r) {
+    if (!out_.is_open()) return;
+    out_ << csv_line(r) << "\n" << std::flush;
+    ++rows_;
+  }
+  // "appended 12 rows to x.csv" (nothing without --csv).
+  std::string done() const {
+    if (path_.empty()) return "";
+    return (appending_ ? "appended " : "wrote ") + std::to_string(rows_) + " rows to " + path_ +
+           (appending_ ? "" : " (new file)");
+  }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+  bool appending_ = false;
+  size_t rows_ = 0;
+};
+
+// Writes the rows as one JSON array, replacing the file (via a temporary, so a reader never
+// sees half an array).
+void write_json(const std::string& path, const std::vector<ResultRow>& rows) {
+  std::error_code ec;
+  if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path(), ec);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) throw BadInput("--json " + path + ": cannot open the file for writing");
+    out << "[";
+    for (size_t i = 0; i < rows.size(); ++i) out << (i ? ",\n " : "\n ") << json_object(rows[i]);
+    out << "\n]\n";
+    if (!out.flush()) throw BadInput("--json " + path + ": write failed");
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw BadInput("--json " + path + ": cannot replace the file");
+  }
+}
+
+// Fails early, before hours of sweeping, if the JSON file could not be written at the end.
+void check_writable(const std::string& path, const char* flag) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec))
+    throw BadInput(std::string(flag) + " " + path + ": is a directory");
+}
+
+// ------------------------------------------------------------------------------------ list
+
+int cmd_list() {
+  std::cout << "The attention ladder: " << rungs().size() << " rungs in this build.\n"
+            << "CUDA here: " << cuda_device_description() << "\n\n";
+  Table t({"step", "device", "supports", "variants", "runs here"});
+  for (const Rung& r : rungs()) {
+    if (!r.step) {
+      t.add({r.name, "-", "-", "-", r.not_built});
+      continue;
+    }
+    const Step& s = *r.step;
+    std::vector<std::string> v;
+    for (const Variant& x : s.variants) v.push_back(x.name + (x.checked ? "" : " (unchecked)"));
+    const std::string& why = cannot_run_here(s);
+    // The full reason is on the "CUDA here" line above; the column keeps its gist.
+    t.add({s.name, s.device_name(), s.capabilities_str(), join(v, ", "),
+           why.empty() ? "yes" : why.substr(0, why.find(':'))});
+  }
+  t.print(std::cout);
+
+  std::cout << "\nWhat each rung adds (the first variant is the default; an unchecked variant "
+               "exists to show a failure):\n";
+  for (const Rung& r : rungs()) {
+    if (!r.step) continue;
+    const Step& s = *r.step;
+    std::cout << "  " << s.name << ": " << s.summary << "\n";
+    if (!s.caps.limits.empty()) std::cout << "      limits: " << s.caps.limits << "\n";
+    for (const Variant& x : s.variants)
+      std::cout << "      " << x.name << (x.checked ? "" : " (unchecked)") << ": " << x.summary
+                << "\n";
+  }
+  std::cout << "\nRun one with `ladder run N` (the same flags as its program steps/NN_name).\n";
+  return kExitOk;
+}
+
+// ------------------------------------------------------------------------------------- run
+
+int cmd_run(const std::string& which, const CommonOptions& o) {
+  const Rung* r = find_rung(which);
+  if (!r) {
+    std::cerr << "error: no rung '" << which << "'; this build knows " << known_rungs() << "\n";
+    return kExitBadInput;
+  }
+  if (!r->step) {  // only GPU rungs go unbuilt: treat it as "no CUDA device here"
+    std::cerr << "error: " << r->name << ": " << r->not_built << "\n";
+    return kExitNoDevice;
+  }
+  return run_step_cli(*r->step, o);
+}
+
+// --------------------------------------------------------------------------------- compare
+
+struct CompareArgs {
+  CommonOptions o;
+  std::vector<std::string> steps;
+  std::string csv;
+};
+
+struct CompareRow {
+  const Rung* rung = nullptr;
+  std::string variant = "-", dtype = "-";
+  Problem p;
+  RunResult r;
+  CheckReport check;
+  bool ran = false, failed = false, no_device = false;
+  std::string note;
+};
+
+int cmd_compare(const CompareArgs& a) {
+  const CommonOptions& o = a.o;
+  // The inputs every step shares: generated (or loaded) once, rounded to fp32 (or to --dtype),
+  // then to each step's own dtype, so that 00 (fp64) sees exactly the values 01..05 see.
+  Problem p = resolve_problem(o, DType::f32);
+  const bool dtype_forced = !o.dtype.empty();
+  CheckMode mode;
+  if (!parse_check_mode(o.check, mode))
+    throw BadInput("--check must be auto, full, sampled or none");
+  if (o.load.empty()) {
+    const std::string bad = p.validate();
+    if (!bad.empty()) throw BadInput(bad);
+  }
+  if (o.run.tile_q < 0 || o.run.tile_k < 0)
+    throw BadInput("--tile-q and --tile-k must be >= 0 (0: the step's choice)");
+  if (!o.save.empty() && fs::exists(o.save) && !fs::is_directory(o.save))
+    throw BadInput("--save " + o.save + ": exists and is not a directory");
+  const std::vector<const Rung*> selected = select_rungs(a.steps);
+  ResultsCsv csv(a.csv);
+  const Inputs base = obtain_inputs(o, p);
+
+  std::cout << "compare: " << shape_str(p) << "\n  inputs: "
+            << (o.load.empty() ? std::string(o.inputs) + ", seed " + std::to_string(p.seed)
+                               : "loaded from " + o.load)
+            << ", rounded to " << dtype_name(p.dtype)
+            << (dtype_forced ? "" : " and then to each step's dtype") << "\n";
+
+  std::vector<CompareRow> rows;
+  Progress progress(selected.size());
+  for (const Rung* rung : selected) {
+    CompareRow row;
+    row.rung = rung;
+    progress.show(rows.size(), rung->name);
+    if (!rung->step) {
+      row.note = rung->not_built;
+      row.no_device = true;  // only GPU rungs go unbuilt (no CUDA toolkit)
+      rows.push_back(row);
+      continue;
+    }
+    const Step& s = *rung->step;
+    row.variant = s.variants.front().name;
+    Problem ps = p;
+    ps.dtype = dtype_forced ? p.dtype : s.default_dtype();
+    ps.backward = p.backward && s.caps.backward;  // a forward-only step still shows its forward
+    row.dtype = dtype_name(ps.dtype);
+    row.p = ps;
+    if (const std::string& why = cannot_run_here(s); !why.empty()) {
+      row.note = why;
+      row.no_device = true;
+      rows.push_back(row);
+      continue;
+    }
+    if (const std::string why = s.unsupported(ps); !why.empty()) {
+      row.note = "cannot run: " + why;
+      rows.push_back(row);
+      continue;
+    }
+    Inputs rounded;
+    const Inputs* in = &base;
+    if (ps.dtype != p.dtype && ps.dtype != DType::f64) {  // to float64 changes nothing
+      rounded = base;
+      round_inputs(rounded, ps.dtype);
+      in = &rounded;
+    }
+    CheckedRun c;
+    try {
+      c = run_checked(s, ps, *in, resolve_run_options(s, o), mode);
+      row.ran = true;
+      row.r = c.result;
+      row.check = c.check;
+      row.failed = !c.check.pass;
+      if (row.failed)
+        row.note = c.check.first_failure();
+      else if (p.backward && !s.caps.backward)
+        row.note = "forward only: no backward pass";
+    } catch (const NoDevice& e) {
+      row.note = e.what();
+      row.no_device = true;
+    } catch (const BadInput& e) {
+      row.note = std::string("cannot run: ") + e.what();
+    } catch (const std::exception& e) {  // a CUDA failure or another bug: nothing to trust
+      row.ran = true;
+      row.failed = true;
+      row.note = std::string("the run failed: ") + e.what();
+    }
+    if (!o.save.empty() && row.ran && !c.out.o.empty()) {  // a failed check's outputs too
+      std::vector<std::pair<std::string, const Tensor*>> files = {{"o.npy", &c.out.o},
+                                                                  {"lse.npy", &c.out.lse}};
+      if (ps.backward) {
+        files.push_back({"dq.npy", &c.out.dq});
+        files.push_back({"dk.npy", &c.out.dk});
+        files.push_back({"dv.npy", &c.out.dv});
+      }
+      write_npy_files((fs::path(o.save) / s.name).string(), files, o.save_f64);
+    }
+    rows.push_back(row);
+  }
+  progress.clear();
+
+  // The table: timings only for steps that passed their check.
+  std::vector<std::string> head = {"step", "variant", "dtype", "fwd ms", "TFLOP/s", "GB/s"};
+  if (p.backward) head.insert(head.end(), {"bwd ms", "TFLOP/s", "GB/s"});
+  head.insert(head.end(), {"workspace", "O err (tol)", "check", "speed-up"});
+  if (p.backward) head.push_back("bwd speed-up");
+  head.push_back("note");
+  Table t(head);
+  const Provenance prov = a.csv.empty() ? Provenance{} : provenance();
+  const CompareRow* prev = nullptr;      // the previous step with a timing
+  const CompareRow* prev_bwd = nullptr;  // ... and with a backward timing
+  int failed = 0, ran = 0, no_device = 0;
+  std::string check_mode;
+  for (const CompareRow& row : rows) {
+    const bool timed = row.ran && !row.failed;
+    const bool has_bwd = timed && row.p.backward;
+    std::vector<std::string> cells = {row.rung->name, row.variant, row.dtype};
+    auto rates = [&](double ms, bool bwd, bool have) {
+      cells.push_back(have ? fmt(ms, 3) : "-");
+      cells.push_back(have ? fmt(tflops(row.p, ms, bwd), 4) : "-");
+      cells.push_back(have ? fmt(gbps(row.p, ms, bwd), 2) : "-");
+    };
+    rates(row.r.fwd_ms, false, timed);
+    if (p.backward) rates(row.r.bwd_ms, true, has_bwd);
+    cells.push_back(timed ? fmt_bytes(row.r.workspace_bytes) : "-");
+    std::string err = "-", verdict = "not run";
+    if (row.ran) {
+      verdict = row.failed ? "FAIL" : row.check.tensors.empty() ? "not checked" : "ok";
+      for (const TensorCheck& tc : row.check.tensors)
+        if (tc.name == "O") err = fmt_sci(tc.step.max_abs) + " (" + fmt_sci(tc.tol) + ")";
+      if (check_mode.empty()) check_mode = row.check.mode;
+    }
+    cells.push_back(err);
+    cells.push_back(verdict);
+    auto speedup = [](const CompareRow* before, double ms_before, double ms) {
+      return before && ms > 0 ? fmt(ms_before / ms, 2) + "x" : std::string("-");
+    };
+    cells.push_back(timed ? speedup(prev, prev ? prev->r.fwd_ms : 0, row.r.fwd_ms) : "-");
+    if (p.backward)
+      cells.push_back(has_bwd ? speedup(prev_bwd, prev_bwd ? prev_bwd->r.bwd_ms : 0, row.r.bwd_ms)
+                              : "-");
+    cells.push_back(row.note);
+    t.add(cells);
+
+    ran += row.ran;
+    failed += row.failed;
+    no_device += row.no_device;
+    if (timed) {
+      prev = &row;
+      csv.add(make_row(*row.rung->step, row.p, false, row.r, prov));
+    }
+    if (has_bwd) {
+      prev_bwd = &row;
+      csv.add(make_row(*row.rung->step, row.p, true, row.r, prov));
+    }
+  }
+  std::cout << "\n";
+  t.print(std::cout);
+  if (ran)
+    std::cout << "\nO err: max |O - O_ref| vs the float64 oracle (" << check_mode
+              << "); tol: the harness rule (2x a plain same-precision computation, 3x for "
+                 "gradients, plus a floor); check covers O, LSE (and dQ, dK, dV).\nspeed-up: "
+                 "the previous timed step's median time over this one's; a step that fails its "
+                 "check gets no timing.\n";
+  if (!o.save.empty()) std::cout << "saved each step's outputs under " << o.save << "/NN_name/\n";
+  if (!csv.done().empty()) std::cout << csv.done() << "\n";
+  if (failed) return kExitCheckFailed;
+  if (ran == 0) {
+    std::cerr << "error: no step could run this problem (see the notes)\n";
+    return no_device > 0 ? kExitNoDevice : kExitBadInput;
+  }
+  return kExitOk;
+}
+
+// ------------------------------------------------------------------------------------ diff
+
+int cmd_diff(const std::string& path_a, const std::string& path_b, bool have_tol, double tol) {
+  const Tensor a = read_npy(path_a), b = read_npy(path_b);
+  if (a.shape != b.shape)
+    throw BadInput("the shapes differ: " + path_a + " is " + a.shape_str() + ", " + path_b +
+                   " is " + b.shape_str());
+  // B is the reference: relative errors are measured against it.
+  double max_abs = 0, b_max = 0;
+  int64_t where_abs = -1, nonfinite_a = 0, nonfinite_b = 0, mismatches = 0, first_mismatch = -1;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double x = a.data[size_t(i)], y = b.data[size_t(i)];
+    nonfinite_a += !std::isfinite(x);
+    nonfinite_b += !std::isfinite(y);
+    if (std::isfinite(x) && std::isfinite(y)) {
+      b_max = std::max(b_max, std::fabs(y));
+      const double d = std::fabs(x - y);
+      if (d > max_abs || where_abs < 0) max_abs = d, where_abs = i;
+    } else if (!(x == y || (std::isnan(x) && std::isnan(y)))) {  // -inf == -inf agrees
+      if (mismatches++ == 0) first_mismatch = i;
+    }
+  }
+  // The elementwise relative error blows up where b is (nearly) zero; count only elements
+  // that are not tiny next to the tensor's scale.
+  const double tiny = 1e-6 * b_max;
+  double max_rel = 0;
+  int64_t where_rel = -1, rel_count = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double x = a.data[size_t(i)], y = b.data[size_t(i)];
+    if (!std::isfinite(x) || !std::isfinite(y) || !(std::fabs(y) > tiny)) continue;
+    ++rel_count;
+    const double r = std::fabs(x - y) / std::fabs(y);
+    if (r > max_rel || where_rel < 0) max_rel = r, where_rel = i;
+  }
+
+  const std::vector<int64_t>& shape = a.shape;
+  auto at = [&](int64_t i) {
+    return index_str(shape, i) + " (a = " + fmt_sci(a.data[size_t(i)], 6) +
+           ", b = " + fmt_sci(b.data[size_t(i)], 6) + ")";
+  };
+  std::cout << "a: " << path_a << "\nb: " << path_b << " (the reference)\nshape " << a.shape_str()
+            << ", " << a.numel() << " elements\n";
+  if (where_abs >= 0 && max_abs == 0) {
+    std::cout << "max abs error        0 (identical wherever both are finite)\n";
+  } else if (where_abs >= 0) {
+    std::cout << "max abs error        " << fmt_sci(max_abs, 3) << " at " << at(where_abs) << "\n"
+              << "max rel error        " << fmt_sci(b_max > 0 ? max_abs / b_max : max_abs, 3)
+              << "  (max |a - b| / max |b|, max |b| = " << fmt_sci(b_max, 3) << ")\n";
+    if (where_rel >= 0)
+      std::cout << "max elementwise rel  " << fmt_sci(max_rel, 3) << " at " << at(where_rel)
+                << "\n                     (|a - b| / |b| over the " << rel_count
+                << " elements with |b| > 1e-6 max |b|)\n";
+  } else {
+    std::cout << (a.numel() ? "no element is finite in both files\n" : "no elements\n");
+  }
+  std::cout << "non-finite mismatches " << mismatches;
+  if (mismatches) std::cout << ", first at " << at(first_mismatch);
+  std::cout << "; non-finite elements: a " << nonfinite_a << ", b " << nonfinite_b << "\n";
+  if (!have_tol) return kExitOk;
+  const bool pass = max_abs <= tol && mismatches == 0;
+  std::cout << (pass ? "within" : "NOT within") << " --tol " << fmt_sci(tol, 3) << "\n";
+  return pass ? kExitOk : kExitCheckFailed;
+}
+
+// ----------------------------------------------------------------------------------- bench
+
+struct BenchArgs {
+  std::string preset = "quick";
+  std::vector<std::string> steps, dtypes, directions;
+  std::vector<int64_t> seqlens, dims;
+  std::vector<int> causal;
+  int64_t tokens = 0, hidden = 0;
+  int repeats = 0, warmup = -1;
+  std::string check = "auto";
+  uint64_t seed = 0;
+  std::string csv, json;
+};
+
+struct Preset {
+  std::vector<int64_t> seqlens, dims;
+  std::vector<int> causal;
+  std::vector<std::string> directions;
+  int64_t tokens, hidden;
+};
+
+// quick: seconds on a laptop CPU. flash: flash-attention's benchmark shapes (B*N = 16384 tokens,
+// H*d = 2048, so every point does the same work per token).
+Preset preset_values(const std::string& name) {
+  if (name == "flash")
+    return {{512, 1024, 2048, 4096, 8192, 16384}, {64, 128}, {0, 1}, {"fwd", "bwd"}, 16384, 2048};
+  return {{128, 256, 512}, {64}, {0, 1}, {"fwd", "bwd"}, 512, 256};
+}
+
+// One measured point: a step on one problem in one direction.
+struct BenchPoint {
+  const Step* step;
+  Problem p;     // p.backward: the bwd direction
+  size_t group;  // index of its (seq, dim) inputs
+};
+
+std::string point_str(const BenchPoint& pt) {
+  const Problem& p = pt.p;
+  std::ostringstream s;
+  s << two_digits(pt.step->number) << " " << dtype_name(p.dtype) << " batch " << p.batch
+    << " heads " << p.heads << " seq " << p.seq_q << " dim " << p.dim << (p.causal ? " causal" : "")
+    << (p.backward ? " bwd" : " fwd");
+  return s.str();
+}
+
+int cmd_bench(BenchArgs a) {
+  // The sweep: the preset, with whatever the flags name instead.
+  const Preset pre = preset_values(a.preset);
+  if (a.seqlens.empty()) a.seqlens = pre.seqlens;
+  if (a.dims.empty()) a.dims = pre.dims;
+  if (a.causal.empty()) a.causal = pre.causal;
+  if (a.directions.empty()) a.directions = pre.directions;
+  if (a.tokens == 0) a.tokens = pre.tokens;
+  if (a.hidden == 0) a.hidden = pre.hidden;
+  for (int64_t x : a.seqlens)
+    if (x < 1) throw BadInput("--seqlens must be >= 1");
+  for (int64_t x : a.dims)
+    if (x < 1) throw BadInput("--dims must be >= 1");
+  if (a.tokens < 1 || a.hidden < 1) throw BadInput("--tokens and --hidden must be >= 1");
+  std::vector<DType> dtypes;
+  for (const std::string& s : a.dtypes) {
+    DType t;
+    if (!parse_dtype(s, t))
+      throw BadInput("--dtype '" + s + "' is not one of fp64, fp32, fp16, bf16");
+    if (std::find(dtypes.begin(), dtypes.end(), t) == dtypes.end()) dtypes.push_back(t);
+  }
+  const bool want_fwd =
+      std::find(a.directions.begin(), a.directions.end(), "fwd") != a.directions.end();
+  const bool want_bwd =
+      std::find(a.directions.begin(), a.directions.end(), "bwd") != a.directions.end();
+  CheckMode mode;
+  parse_check_mode(a.check, mode);  // the option accepts auto, full, sampled only
+  const bool explicit_steps = !a.steps.empty();
+  const std::vector<const Rung*> selected = select_rungs(a.steps);
+  if (!a.json.empty()) check_writable(a.json, "--json");
+  ResultsCsv csv(a.csv);
+  const Provenance prov = provenance();
+
+  // Which steps take part, and why the others do not (said once, not once per point).
+  std::vector<std::string> notes;
+  std::vector<const Step*> steps;
+  std::vector<std::string> cpu_capped, fwd_only;
+  int no_device = 0;
+  const bool cap_cpu = a.preset == "flash" && !explicit_steps;
+  for (const Rung* r : selected) {
+    if (!r->step) {
+      notes.push_back("not run: " + r->name + ": " + r->not_built);
+      ++no_device;
+      continue;
+    }
+    if (const std::string& why = cannot_run_here(*r->step); !why.empty()) {
+      notes.push_back("not run: " + r->name + ": " + why);
+      ++no_device;
+      continue;
+    }
+    steps.push_back(r->step);
+    if (r->step->device == Device::cpu && cap_cpu) cpu_capped.push_back(two_digits(r->number));
+    if (want_bwd && !r->step->caps.backward) fwd_only.push_back(two_digits(r->number));
+  }
+  if (!cpu_capped.empty())
+    notes.push_back("CPU steps " + join(cpu_capped) +
+                    " skip seq > 1024 in the flash preset and run once, without warm-up (name "
+                    "them in --steps to include every seq)");
+  if (!fwd_only.empty() && want_fwd)
+    notes.push_back("steps " + join(fwd_only) + " have no backward pass: forward only");
+
+  // The points, in the order that lets one set of inputs serve a (seq, dim) group: every
+  // dtype is rounded from the same float64 draw, and causal reuses the same inputs.
+  std::vector<BenchPoint> points;
+  std::map<std::string, int> unsupported;  // reason -> points, said once
+  size_t group = 0;
+  for (int64_t seq : a.seqlens)
+    for (int64_t dim : a.dims) {
+      std::vector<DType> group_dtypes = dtypes;  // default: each step's own dtype
+      if (group_dtypes.empty())
+        for (const Step* s : steps)
+          if (std::find(group_dtypes.begin(), group_dtypes.end(), s->default_dtype()) ==
+              group_dtypes.end())
+            group_dtypes.push_back(s->default_dtype());
+      for (DType t : group_dtypes)
+        for (int causal : a.causal)
+          for (const Step* s : steps) {
+            if (dtypes.empty() && s->default_dtype() != t) continue;
+            if (s->device == Device::cpu && cap_cpu && seq > 1024) continue;
+            for (int bwd = 0; bwd < 2; ++bwd) {
+              if (!(bwd ? want_bwd : want_fwd) || (bwd && !s->caps.backward)) continue;
+              Problem p;
+              p.batch = std::max<int64_t>(1, a.tokens / seq);
+              p.heads = p.heads_kv = std::max<int64_t>(1, a.hidden / dim);
+              p.seq_q = p.seq_k = seq;
+              p.dim = dim;
+              p.causal = causal != 0;
+              p.dtype = t;
+              p.seed = a.seed;
+              p.backward = bwd != 0;
+              if (const std::string why = s->unsupported(p); !why.empty()) {
+                ++unsupported[why];
+                continue;
+              }
+              points.push_back({s, p, group});
+            }
+          }
+      ++group;
+    }
+  for (const auto& [why, n] : unsupported)
+    notes.push_back("skipped: " + why + " (" + std::to_string(n) +
+                    (n == 1 ? " point)" : " points)"));
+
+  std::cout << "bench: preset " << a.preset << ", " << a.tokens
+            << " tokens (batch = tokens / seq), "
+            << "hidden " << a.hidden << " (heads = hidden / dim)\n  seq " << join(a.seqlens)
+            << "; dim " << join(a.dims) << "; causal " << join(a.causal) << "; "
+            << join(a.directions) << "; dtype "
+            << (dtypes.empty() ? std::string("each step's own") : join(a.dtypes)) << "\n  "
+            << points.size() << " points; check " << a.check << "; gpu "
+            << (prov.gpu.empty() ? "none" : prov.gpu) << ", CUDA "
+            << (prov.cuda.empty() ? "-" : prov.cuda) << ", commit " << prov.commit << "\n";
+  for (const std::string& n : notes) std::cout << "  " << n << "\n";
+  if (points.empty()) {
+    std::cerr << "error: nothing to measure (see above)\n";
+    return no_device > 0 ? kExitNoDevice : kExitBadInput;
+  }
+
+  CommonOptions run_opts;  // repeats and warm-up; unset ones take the step's device default
+  run_opts.repeats = a.repeats;
+  run_opts.warmup = a.warmup;
+  std::vector<ResultRow> results;
+  std::vector<std::string> errs;  // max abs error of O, per row of results
+  int failed = 0, skipped = 0;
+  Progress progress(points.size());
+  size_t have_group = size_t(-1);
+  Inputs base, rounded;
+  DType rounded_to = DType::f64;
+  for (size_t k = 0; k < points.size(); ++k) {
+    const BenchPoint& pt = points[k];
+    const std::string label = point_str(pt);
+    progress.show(k, label);
+    if (pt.group != have_group) {
+      // One float64 draw per (seq, dim), with dO when any point of the group goes backward.
+      Problem g = pt.p;
+      g.dtype = DType::f64;
+      g.backward = false;
+      for (size_t j = k; j < points.size() && points[j].group == pt.group; ++j)
+        g.backward = g.backward || points[j].p.backward;
+      base = Inputs();
+      rounded = Inputs();
+      base = make_inputs(g);
+      have_group = pt.group;
+      rounded_to = DType::f64;
+    }
+    if (pt.p.dtype != DType::f64 && pt.p.dtype != rounded_to) {
+      rounded = base;
+      round_inputs(rounded, pt.p.dtype);
+      rounded_to = pt.p.dtype;
+    }
+    const Inputs& in = pt.p.dtype == DType::f64 ? base : rounded;
+    RunOptions ro = resolve_run_options(*pt.step, run_opts);
+    if (pt.step->device == Device::cpu && cap_cpu) {
+      if (a.repeats <= 0) ro.repeats = 1;
+      if (a.warmup < 0) ro.warmup = 0;
+    }
+    CheckedRun c;
+    try {
+      c = run_checked(*pt.step, pt.p, in, ro, mode);
+    } catch (const BadInput& e) {  // e.g. more device memory than there is
+      progress.clear();
+      std::cout << "skipped: " << label << ": " << e.what() << "\n";
+      ++skipped;
+      continue;
+    } catch (const NoDevice& e) {
+      progress.clear();
+      std::cout << "skipped: " << label << ": " << e.what() << "\n";
+      ++skipped;
+      continue;
+    } catch (const std::exception& e) {
+      progress.clear();
+      std::cout << "FAIL " << label << ": the run failed: " << e.what() << "\n";
+      ++failed;
+      continue;
+    }
+    if (!c.check.pass) {
+      progress.clear();
+      std::cout << "FAIL " << label << ": " << c.check.first_failure()
+                << " (no timing is reported for a failed check)\n";
+      ++failed;
+      continue;
+    }
+    const ResultRow row = make_row(*pt.step, pt.p, pt.p.backward, c.result, prov);
+    csv.add(row);
+    results.push_back(row);
+    errs.push_back("-");
+    for (const TensorCheck& tc : c.check.tensors)
+      if (tc.name == "O") errs.back() = fmt_sci(tc.step.max_abs);
+  }
+  progress.clear();
+
+  // The summary groups the steps of one shape and direction together, to read across them
+  // (the sweep ran in the order that reuses inputs).
+  std::vector<size_t> order(results.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto key = [&](size_t i) {
+    const ResultRow& r = results[i];
+    return std::make_tuple(r.p.seq_q, r.p.dim, r.p.causal, r.direction != "fwd", r.step, r.dtype);
+  };
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return key(x) < key(y); });
+  Table t({"step", "dtype", "batch", "heads", "seq", "dim", "causal", "dir", "ms", "TFLOP/s",
+           "GB/s", "workspace", "O err"});
+  std::vector<ResultRow> sorted;
+  for (size_t i : order) {
+    const ResultRow& r = results[i];
+    t.add({r.step, r.dtype, std::to_string(r.p.batch), std::to_string(r.p.heads),
+           std::to_string(r.p.seq_q), std::to_string(r.p.dim), r.p.causal ? "1" : "0", r.direction,
+           fmt(r.ms, 3), fmt(r.tflops, 4), fmt(r.gbps, 2), fmt_bytes(r.workspace), errs[i]});
+    sorted.push_back(r);
+  }
+  std::cout << "\n";
+  t.print(std::cout);
+  std::cout << "\n"
+            << results.size() << " points measured, " << skipped << " skipped, " << failed
+            << " failed, in " << duration_str(progress.elapsed_s()) << "\n";
+  if (!csv.done().empty()) std::cout << csv.done() << "\n";
+  if (!a.json.empty()) {
+    write_json(a.json, sorted);
+    std::cout << "wrote " << results.size() << " rows to " << a.json << "\n";
+  }
+  return failed ? kExitCheckFailed : kExitOk;
+}
+
+// ------------------------------------------------------------------------------------ main
+
+// Ends a verb with the exit status its exception stands for.
+template <class Fn>
+int guarded(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const BadInput& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const NoDevice& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return kExitNoDevice;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return kExitCheckFailed;
+  }
+}
+
+std::string rung_footer() {
+  std::string s = "Rungs of this build:";
+  for (const Rung& r : rungs())
+    s += "\n  " + r.name +
+         (r.step ? std::string(" (") + r.step->device_name() + ")" : " (not built)");
+  return s;
+}
+
+constexpr const char* kExitFooter =
+    "Exit status: 0 ok, 1 a check against the float64 oracle failed, 2 bad or unsupported "
+    "input, 3 no CUDA device.";
+
+int main_(int argc, char** argv) {
+  CLI::App app{
+      "ladder — the driver of the attention ladder: list the rungs, run one, compare "
+      "them on the same inputs, diff two .npy files, run the benchmark sweep.",
+      "ladder"};
+  app.require_subcommand(1);
+  app.footer(std::string("Each verb has its own --help, e.g. `ladder compare --help`.\n") +
+             kExitFooter);
+
+  app.add_subcommand("list",
+                     "every rung of this build: device, what it supports, its variants, "
+                     "whether it can run here");
+
+  CLI::App* run = app.add_subcommand(
+      "run",
+      "run one step exactly as its program steps/NN_name does (the same flags, the same "
+      "exit status)");
+  std::string which;
+  CommonOptions run_o;
+  run->add_option("N", which, "the rung: its number (5, 05) or its folder name")->required();
+  add_common_options(*run, run_o);
+  run->footer(rung_footer() + "\n`ladder list` says what each supports; " + kExitFooter);
+
+  CLI::App* compare = app.add_subcommand(
+      "compare",
+      "every runnable step on the same inputs: time, TFLOP/s, GB/s, workspace, error vs the "
+      "float64 oracle, speed-up over the previous step");
+  CompareArgs ca;
+  add_common_options(*compare, ca.o);
+  // Each step runs its default variant; `ladder run N --variant V` runs another.
+  // Hidden rather than removed, so that using it says what to do instead.
+  CLI::Option* compare_variant = compare->get_option("--variant")->group("");
+  compare->add_option("--steps", ca.steps, "the rungs to compare (default: all), e.g. 0,1,2")
+      ->delimiter(',')
+      ->group("Compare");
+  compare
+      ->add_option("--csv", ca.csv,
+                   "append one row per step and direction (results schema) to FILE")
+      ->type_name("FILE")
+      ->group("Compare");
+  compare->footer(
+      "The inputs are made (or --load-ed) once, rounded to fp32 (or to --dtype) and then to "
+      "each step's dtype. With --dtype, steps without that dtype are listed as not run. With "
+      "--backward, a step with no backward pass shows its forward only. --save DIR writes each "
+      "step's outputs to DIR/NN_name/.\nExit status: 0 every step that ran passed its check, 1 "
+      "a step failed, 2 bad input (or no step can run it), 3 no step ran for want of a CUDA "
+      "device.");
+
+  CLI::App* diff = app.add_subcommand(
+      "diff", "how far two .npy arrays are apart: max abs and relative error, and where");
+  std::string diff_a, diff_b;
+  double tol = 0;
+  diff->add_option("A", diff_a, "the array to measure (.npy, float32 or float64)")->required();
+  diff->add_option("B", diff_b, "the reference (.npy); relative errors are relative to it")
+      ->required();
+  CLI::Option* tol_opt =
+      diff->add_option("--tol", tol, "exit 1 if max abs error > X or a non-finite value differs")
+          ->type_name("X");
+  diff->footer(
+      "Exit status: 0 (a measurement, not a test) unless --tol is given; 1 outside --tol; 2 "
+      "unreadable files or different shapes.");
+
+  CLI::App* bench = app.add_subcommand(
+      "bench",
+      "the benchmark sweep: every runnable step over a grid of shapes, checked, then "
+      "timed; rows in the results schema");
+  BenchArgs ba;
+  bench
+      ->add_option("--preset", ba.preset,
+                   "quick: seq 128 256 512, dim 64, 512 tokens, hidden 256 (seconds on a "
+                   "CPU); flash: flash-attention's shapes, 16384 tokens, hidden 2048, seq "
+                   "512..16384, dim 64 128")
+      ->check(CLI::IsMember({"quick", "flash"}))
+      ->capture_default_str()
+      ->group("Sweep");
+  bench
+      ->add_option("--steps", ba.steps,
+                   "the rungs (default: all that can run here; naming a CPU step lifts the "
+                   "flash preset's seq <= 1024 cap)")
+      ->delimiter(',')
+      ->group("Sweep");
+  bench->add_option("--seqlens", ba.seqlens, "sequence lengths (seq_q = seq_k)")
+      ->delimiter(',')
+      ->group("Sweep");
+  bench->add_option("--dims", ba.dims, "head dims")->delimiter(',')->group("Sweep");
+  bench->add_option("--causal", ba.causal, "0, 1 or both")
+      ->check(CLI::IsMember({0, 1}))
+      ->delimiter(',')
+      ->group("Sweep");
+  bench->add_option("--dtype", ba.dtypes, "dtypes (default: each step's own)")
+      ->delimiter(',')
+      ->group("Sweep");
+  bench->add_option("--directions", ba.directions, "fwd, bwd or both (bwd: steps with backward)")
+      ->check(CLI::IsMember({"fwd", "bwd"}))
+      ->delimiter(',')
+      ->group("Sweep");
+  bench->add_option("--tokens", ba.tokens, "batch * seq (default: the preset's)")->group("Sweep");
+  bench->add_option("--hidden", ba.hidden, "heads * dim (default: the preset's)")->group("Sweep");
+  bench->add_option("--seed", ba.seed, "seed of the generated inputs")
+      ->capture_default_str()
+      ->group("Sweep");
+  bench
+      ->add_option("--repeats", ba.repeats,
+                   "timed runs, median reported (default: CPU 3, GPU 20; the flash preset runs "
+                   "CPU steps once)")
+      ->group("Running");
+  bench->add_option("--warmup", ba.warmup, "untimed runs first (default: CPU 1, GPU 3)")
+      ->group("Running");
+  bench
+      ->add_option("--check", ba.check,
+                   "auto (sampled query rows at large sizes) | full | sampled; every point is "
+                   "checked before its timing is kept")
+      ->check(CLI::IsMember({"auto", "full", "sampled"}))
+      ->capture_default_str()
+      ->group("Running");
+  bench->add_option("--csv", ba.csv, "append the rows to FILE (header written for a new file)")
+      ->type_name("FILE")
+      ->group("Output");
+  bench->add_option("--json", ba.json, "write the rows as a JSON array to FILE (replaced)")
+      ->type_name("FILE")
+      ->group("Output");
+  bench->footer(
+      std::string("CSV columns: ") + kResultsHeader +
+      "\ncommit: $LADDER_COMMIT, else `git rev-parse --short HEAD` of the source tree (+ -dirty), "
+      "else the configure-time value. A point that fails its check gets no row and makes the "
+      "exit status 1; unsupported points (a dim, too much memory) are skipped, saying why.");
+
+  if (argc < 2) {
+    std::cerr << app.help();
+    return kExitBadInput;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return kExitBadInput;
+  }
+
+  if (run->parsed()) {
+    run_o.heads_kv_given = run_o.shape_opts[2]->count() > 0;
+    return cmd_run(which, run_o);
+  }
+  if (compare->parsed()) {
+    if (compare_variant->count()) {
+      std::cerr << "error: compare runs each step's default variant; run another with `ladder "
+                   "run N --variant V`\n";
+      return kExitBadInput;
+    }
+    ca.o.heads_kv_given = ca.o.shape_opts[2]->count() > 0;
+    return guarded([&] { return cmd_compare(ca); });
+  }
+  if (diff->parsed())
+    return guarded([&] { return cmd_diff(diff_a, diff_b, tol_opt->count() > 0, tol); });
+  if (bench->parsed()) return guarded([&] { return cmd_bench(ba); });
+  return guarded(cmd_list);
+}
+
+}  // namespace
+}  // namespace ladder
+
+int main(int argc, char** argv) {
+  return ladder::main_(argc, argv);
 }
