@@ -1,0 +1,269 @@
+// Step 03 — naive CUDA: GEMM, softmax, GEMM as separate kernels (CUDA, fp32).
+// Adds: CUDA kernels, one thread per output element; one batched matmul kernel for every
+// product (strides, transposes, GQA); S and P materialised in global memory (B*H*M*N floats
+// each); a softmax kernel: a warp per row, three passes, LSE; backward: D = rowsum(dO o O), dP,
+// dS = P o (dP - D), dQ, dK, dV.
+//
+// Where it sits: the first GPU rung, the port of step 01 that a first CUDA implementation
+// writes (and what a framework's "math" attention does): attention is just GEMM, softmax, GEMM,
+// each a kernel of its own, talking through global memory.
+//   forward:   S = scale * Q K^T               batched_matmul  (S: B*H*M*N floats in HBM)
+//              P = softmax(S), LSE               softmax_rows    (P: B*H*M*N floats in HBM)
+//                pass 1: m_i = max_j S_ij,  pass 2: l_i = sum_j exp(S_ij - m_i),
+//                pass 3: P_ij = exp(S_ij - m_i) / l_i,  LSE_i = m_i + log l_i
+//              O = P V                           batched_matmul
+//   backward:  D_i = rowsum(dO_i o O_i)          row_dot
+//              dP = dO V^T                       batched_matmul  (into S's buffer: S is dead)
+//              dS = P o (dP - D)                 ds_from_dp      (in place over dP)
+//              dQ = scale dS K,  dK = scale dS^T Q,  dV = P^T dO      batched_matmul
+// The causal mask (key j visible to query i iff j <= i + N - M) is a prefix of each row, so
+// the softmax kernel reads only the visible S_ij: masked keys count as S_ij = -inf, P_ij = 0.
+// GQA: query head h reads K/V head h / group; dK and dV of a K/V head sum the products of its
+// group's query heads inside one thread's loop (no atomics).
+// What it costs: S and P are B*H*M*N floats each, 32 GiB at B=1, H=16, M=N=16384, and every
+// element crosses HBM four times (S written, read; P written, read): see
+// notes/03_naive_cuda.md. What the next step (04) fixes: one fused kernel with step 02's
+// online softmax, so S and P never leave the chip and the workspace is O(1).
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cuda_util.cuh"
+#include "step.hpp"
+
+namespace ladder {
+namespace {
+
+constexpr int kThreads = 256;  // per block, every kernel here
+constexpr int kWarp = 32;
+
+// The problem's shape as the kernels see it (Problem itself is host-only).
+struct Shape {
+  int64_t batch, heads, heads_kv, seq_q, seq_k, dim;
+  bool causal;
+  // Bottom-right causal mask: query i sees keys 0 .. i + N - M (clamped to [0, N]).
+  __device__ int64_t visible_keys(int64_t i) const {
+    if (!causal) return seq_k;
+    const int64_t last = i + seq_k - seq_q;
+    return last < 0 ? 0 : (last + 1 < seq_k ? last + 1 : seq_k);
+  }
+};
+
+// One operand of a batched product, as strides: element (r, k) of the matrix that query head
+// h of batch b uses is  data[b*batch + (h / head_div)*head + r*row + k*col].
+// Transposing swaps row and col; GQA is head_div = group (K/V heads shared by a group).
+struct Operand {
+  const float* data;
+  int64_t batch, head, row, col, head_div;
+  __device__ const float* at(int64_t b, int64_t h) const {
+    return data + b * batch + (h / head_div) * head;
+  }
+};
+
+// A [batch, heads, rows, cols] row-major tensor with one matrix per query head (Q, O, dO, S, P).
+Operand per_query_head(const float* x, const Shape& s, int64_t rows, int64_t cols) {
+  return {x, s.heads * rows * cols, rows * cols, cols, 1, 1};
+}
+// The same with one matrix per K/V head, read by all the query heads of its group (K, V).
+Operand per_kv_head(const float* x, const Shape& s, int64_t rows, int64_t cols) {
+  return {x, s.heads_kv * rows * cols, rows * cols, cols, 1, s.heads / s.heads_kv};
+}
+Operand transposed(Operand o) {
+  std::swap(o.row, o.col);
+  return o;
+}
+
+// C[b, hc] = alpha * sum_{t < T} A[b, h] B[b, h], h = hc*T + t: every product of this step.
+// One thread per element C(r, c), a plain loop over the reduction index k, summed left to
+// right. T = 1 except for dK and dV, where the output head is a K/V head and the T = group
+// query heads that read it are summed in the same loop. Consecutive threads take consecutive
+// columns c, so reads of B are coalesced when B's columns are contiguous (O = PV, dQ = dS K,
+// dK, dV) and strided by d floats when B is a transposed K or V (S = QK^T, dP = dO V^T).
+__global__ void __launch_bounds__(kThreads)
+    batched_matmul(Operand A, Operand B, float* __restrict__ C, int64_t batch, int64_t heads_c,
+                   int64_t R, int64_t Cn, int64_t K, int64_t T, float alpha) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= batch * heads_c * R * Cn) return;
+  const int64_t c = idx % Cn, r = (idx / Cn) % R, z = idx / (Cn * R);
+  const int64_t b = z / heads_c, hc = z % heads_c;
+  float acc = 0.f;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t h = hc * T + t;
+    const float* a = A.at(b, h) + r * A.row;  // walks row r of A
+    const float* x = B.at(b, h) + c * B.col;  // walks column c of B
+    for (int64_t k = 0; k < K; ++k, a += A.col, x += B.row) acc += *a * *x;
+  }
+  C[idx] = alpha * acc;
+}
+
+__device__ float warp_max(float x) {
+  for (int o = kWarp / 2; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ float warp_sum(float x) {
+  for (int o = kWarp / 2; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// Step 01's three passes over one row of S per warp: the 32 lanes stride the row (coalesced)
+// and combine their partial max and sum with shuffles. Writes the whole row of P (zeros for
+// masked keys) and LSE_i. A row with no visible key: m = -inf, l = 0, P = 0, LSE = -inf.
+__global__ void __launch_bounds__(kThreads)
+    softmax_rows(const float* __restrict__ S, float* __restrict__ P, float* __restrict__ lse,
+                 Shape s) {
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= s.batch * s.heads * s.seq_q) return;  // the whole warp leaves together
+  const int64_t N = s.seq_k, n = s.visible_keys(row % s.seq_q);
+  const float* Si = S + row * N;
+  float* Pi = P + row * N;
+  float m = -INFINITY;  // pass 1: the row max (the "safe" shift)
+  for (int64_t j = lane; j < n; j += kWarp) m = fmaxf(m, Si[j]);
+  m = warp_max(m);
+  float l = 0.f;  // pass 2: l_i = sum_j exp(S_ij - m_i); n >= 1 makes m finite and l >= 1
+  for (int64_t j = lane; j < n; j += kWarp) l += expf(Si[j] - m);
+  l = warp_sum(l);
+  for (int64_t j = lane; j < N; j += kWarp)  // pass 3: normalise (masked keys: P_ij = 0)
+    Pi[j] = j < n ? expf(Si[j] - m) / l : 0.f;
+  if (lane == 0) lse[row] = n > 0 ? m + logf(l) : -INFINITY;
+}
+
+// D_i = dO_i . O_i, the backward's pre-pass: one thread per row, summed left to right in the
+// same order as the dot products of dP = dO V^T. Where a row sees one key, P_ij = 1 and
+// O_i = V_j exactly, so dP_ij - D_i must be exactly 0; a differently ordered sum (a warp
+// reduction) leaves a rounding error there that dQ and dK then carry. O(B*H*M*d): negligible.
+__global__ void __launch_bounds__(kThreads)
+    row_dot(const float* __restrict__ dO, const float* __restrict__ O, float* __restrict__ D,
+            int64_t rows, int64_t d) {
+  const int64_t row = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row >= rows) return;
+  float acc = 0.f;
+  for (int64_t c = 0; c < d; ++c) acc += dO[row * d + c] * O[row * d + c];
+  D[row] = acc;
+}
+
+// dS_ij = P_ij (dP_ij - D_i), in place over dP (each element read, then written, by one thread).
+// Masked keys have P_ij = 0, so dS_ij = 0 there without looking at the mask.
+__global__ void __launch_bounds__(kThreads)
+    ds_from_dp(const float* __restrict__ P, const float* __restrict__ D, float* dP_dS,
+               int64_t n_elems, int64_t N) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n_elems) return;
+  dP_dS[idx] = P[idx] * (dP_dS[idx] - D[idx / N]);
+}
+
+unsigned blocks_for(int64_t threads) {
+  return unsigned((threads + kThreads - 1) / kThreads);
+}
+
+// C = alpha * sum_t A B over R x Cn outputs per (batch, output head), reduction length K.
+void matmul(const Operand& A, const Operand& B, float* C, int64_t batch, int64_t heads_c, int64_t R,
+            int64_t Cn, int64_t K, int64_t T, float alpha) {
+  batched_matmul<<<blocks_for(batch * heads_c * R * Cn), kThreads>>>(A, B, C, batch, heads_c, R, Cn,
+                                                                     K, T, alpha);
+  CUDA_CHECK_LAUNCH();
+}
+
+RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions& opt) {
+  const cudaDeviceProp prop = require_device();
+  if (p.dtype != DType::f32)
+    throw BadInput(std::string("step 03_naive_cuda supports --dtype fp32 only, got ") +
+                   dtype_name(p.dtype));
+  const Shape s{p.batch, p.heads, p.heads_kv, p.seq_q, p.seq_k, p.dim, p.causal};
+  const int64_t B = p.batch, H = p.heads, Hkv = p.heads_kv, M = p.seq_q, N = p.seq_k, d = p.dim;
+  const int64_t group = p.group(), rows = p.rows(), mn = rows * N;  // mn: elements of S (and P)
+  const float scale = float(p.softmax_scale());
+
+  // Workspace: S and P (B*H*M*N floats each); the backward puts dP, then dS, in S's buffer
+  // (S is dead once P exists) and adds D (B*H*M floats). Checked before anything is allocated.
+  const double ws_bytes = 4.0 * (2.0 * double(mn) + (p.backward ? double(rows) : 0.0));
+  const double io_bytes = 4.0 * ((p.backward ? 4.0 : 2.0) * double(p.q_numel()) +
+                                 (p.backward ? 4.0 : 2.0) * double(p.kv_numel()) + double(rows));
+  const double flush_bytes = 2.0 * double(prop.l2CacheSize);  // time_gpu_ms's L2 flusher
+  require_free_memory(ws_bytes + io_bytes + flush_bytes,
+                      "step 03_naive_cuda (workspace S and P: 2 x " + std::to_string(mn) +
+                          " floats = " + std::to_string(int64_t(ws_bytes)) +
+                          " bytes, plus inputs, outputs and the L2 flush buffer)");
+
+  DeviceBuffer<float> Q{size_t(p.q_numel())}, K{size_t(p.kv_numel())}, V{size_t(p.kv_numel())};
+  Q.upload(host_f32(in.q)), K.upload(host_f32(in.k)), V.upload(host_f32(in.v));
+  DeviceBuffer<float> O{size_t(p.q_numel())}, LSE{size_t(rows)};
+  DeviceBuffer<float> S{size_t(mn)}, P{size_t(mn)};
+  O.poison(), LSE.poison();
+
+  RunResult r;
+  r.fwd_ms = time_gpu_ms(
+      [&] {
+        matmul(per_query_head(Q.get(), s, M, d), transposed(per_kv_head(K.get(), s, N, d)), S.get(),
+               B, H, M, N, d, 1, scale);  // S = scale Q K^T
+        softmax_rows<<<blocks_for(rows * kWarp), kThreads>>>(S.get(), P.get(), LSE.get(), s);
+        CUDA_CHECK_LAUNCH();
+        matmul(per_query_head(P.get(), s, M, N), per_kv_head(V.get(), s, N, d), O.get(), B, H, M, d,
+               N, 1, 1.f);  // O = P V
+      },
+      opt.repeats, opt.warmup);
+  to_tensor(O.download(), out.o);
+  to_tensor(LSE.download(), out.lse);
+  r.workspace_bytes = ws_bytes;
+  r.config = "matmul: 1 output/thread, " + std::to_string(kThreads) +
+             " threads/block; softmax: 1 warp/row";
+
+  if (p.backward) {
+    DeviceBuffer<float> dO{size_t(p.q_numel())}, D{size_t(rows)};
+    dO.upload(host_f32(in.dout));
+    DeviceBuffer<float> dQ{size_t(p.q_numel())}, dK{size_t(p.kv_numel())}, dV{size_t(p.kv_numel())};
+    dQ.poison(), dK.poison(), dV.poison();
+    float* dS = S.get();  // dP, then dS, live where S was
+    r.bwd_ms = time_gpu_ms(
+        [&] {
+          row_dot<<<blocks_for(rows), kThreads>>>(dO.get(), O.get(), D.get(), rows, d);
+          CUDA_CHECK_LAUNCH();
+          matmul(per_query_head(dO.get(), s, M, d), transposed(per_kv_head(V.get(), s, N, d)), dS,
+                 B, H, M, N, d, 1, 1.f);  // dP = dO V^T
+          ds_from_dp<<<blocks_for(mn), kThreads>>>(P.get(), D.get(), dS, mn, N);
+          CUDA_CHECK_LAUNCH();
+          matmul(per_query_head(dS, s, M, N), per_kv_head(K.get(), s, N, d), dQ.get(), B, H, M, d,
+                 N, 1, scale);  // dQ = scale dS K
+          matmul(transposed(per_query_head(dS, s, M, N)), per_query_head(Q.get(), s, M, d),
+                 dK.get(), B, Hkv, N, d, M, group, scale);  // dK = scale dS^T Q, summed over group
+          matmul(transposed(per_query_head(P.get(), s, M, N)), per_query_head(dO.get(), s, M, d),
+                 dV.get(), B, Hkv, N, d, M, group, 1.f);  // dV = P^T dO, summed over group
+        },
+        opt.repeats, opt.warmup);
+    to_tensor(dQ.download(), out.dq);
+    to_tensor(dK.download(), out.dk);
+    to_tensor(dV.download(), out.dv);
+  }
+  return r;
+}
+
+}  // namespace
+
+const Step& step_03() {
+  static const Step s = [] {
+    Step s;
+    s.number = 3;
+    s.name = "03_naive_cuda";
+    s.summary =
+        "the first GPU port: S = scale QK^T, softmax and O = PV as separate kernels "
+        "through global memory; naive backward";
+    s.adds = {"CUDA kernels, one thread per output element",
+              "one batched matmul kernel for every product (strides, transposes, GQA)",
+              "S and P materialised in global memory (B*H*M*N floats each)",
+              "a softmax kernel: a warp per row, three passes, LSE",
+              "backward: D = rowsum(dO o O), dP, dS = P o (dP - D), dQ, dK, dV"};
+    s.device = Device::cuda;
+    s.caps.dtypes = {DType::f32};
+    s.caps.causal = true, s.caps.gqa = true, s.caps.backward = true;
+    s.caps.limits =
+        "workspace 2 x batch*heads*seq_q*seq_k floats (S and P; the backward reuses S's buffer "
+        "for dP and dS), refused (exit 2) when it would not fit in free device memory";
+    s.variants = {{"naive", "GEMM, softmax, GEMM: one kernel each, S and P in global memory"}};
+    s.run = run;
+    return s;
+  }();
+  return s;
+}
+
+}  // namespace ladder

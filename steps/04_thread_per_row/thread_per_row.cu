@@ -1,0 +1,208 @@
+// Step 04 — one thread per query row, online softmax (CUDA, fp32).
+// Adds: one fused kernel, one thread per query row; online softmax over keys streamed from
+// global memory; q_i and the unnormalised O_i in registers (kernel templated on d); no S or P in
+// memory: O(1) workspace.
+//
+// Where it sits: step 03 ran GEMM, softmax, GEMM as three kernels and parked S and P
+// (B*H*M*N floats each) in HBM between them. This step fuses the three into one kernel by
+// running step 02's one-pass recurrence on the GPU, one thread per query row i of one
+// (batch, head):
+//   q_i -> registers;  m_i = -inf, l_i = 0, O_i = 0 (d floats in registers)
+//   for each visible key j (j <= i + N - M when causal, bottom-right):
+//     s = scale * q_i . K_j                   (K_j read from global memory)
+//     m' = max(m_i, s);  a = exp(m_i - m');  p = exp(s - m')
+//     l_i = a l_i + p;   O_i = a O_i + p V_j;  m_i = m'
+//   O_i /= l_i (one division),  LSE_i = m_i + log l_i;  no visible key: O_i = 0, LSE_i = -inf.
+// S and P never exist anywhere: the workspace is O(1) (registers), and HBM sees Q, K, V read
+// and O, LSE written. GQA: query head h reads K/V head h / (H / Hkv).
+// Why it is still slow (notes/04_thread_per_row.md): the 32 threads of a warp read the same
+// K_j, V_j element at the same time (a broadcast: coalescing is not the problem), but nothing
+// is reused beyond the warp: every warp streams all of K and V of its head through L1/L2, a
+// row's d-long dot product is one serial chain in one thread, the rescale by a costs a
+// multiply per element per key, and there are only B*H*M threads. What the next step (05)
+// fixes: a block of Br rows (Q_i) stages K_j, V_j tiles of Bc keys in shared memory once for
+// all its rows (Tc = ceil(N / Bc) tiles), and rescales once per tile instead of once per key.
+#include <cmath>
+#include <string>
+
+#include "cuda_util.cuh"
+#include "step.hpp"
+
+namespace ladder {
+namespace {
+
+constexpr int kThreads = 128;  // query rows per block, all of one (batch, head)
+
+struct Shape {  // what the kernel needs of the Problem (which is host-only)
+  int64_t heads, heads_kv, seq_q, seq_k;
+  bool causal;
+  float scale;
+};
+
+// One thread per query row i of head h of batch b: grid (ceil(M / kThreads), H, B).
+// No shared memory and no barriers, so a thread past the last row may simply return.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    attention_row(const float* __restrict__ Q, const float* __restrict__ K,
+                  const float* __restrict__ V, float* __restrict__ O, float* __restrict__ lse,
+                  Shape s) {
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= s.seq_q) return;
+  const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / (s.heads / s.heads_kv);
+  const int64_t row = (b * s.heads + h) * s.seq_q + i;
+  const float* Kh = K + (b * s.heads_kv + hk) * s.seq_k * D;
+  const float* Vh = V + (b * s.heads_kv + hk) * s.seq_k * D;
+  // Bottom-right causal mask: keys 0 .. i + N - M are visible (none when that is negative).
+  const int64_t last = s.causal ? i + s.seq_k - s.seq_q : s.seq_k - 1;
+  const int64_t n = last < 0 ? 0 : (last < s.seq_k ? last + 1 : s.seq_k);
+
+  // Rows are D floats (D % 4 == 0) and cudaMalloc is 256-byte aligned: float4 loads are legal
+  // and take a quarter of the load instructions.
+  float q[D], o[D];
+  const float* Qi = Q + row * D;
+#pragma unroll
+  for (int c = 0; c < D; c += 4) {
+    const float4 x = *reinterpret_cast<const float4*>(Qi + c);
+    q[c] = x.x, q[c + 1] = x.y, q[c + 2] = x.z, q[c + 3] = x.w;
+  }
+#pragma unroll
+  for (int c = 0; c < D; ++c) o[c] = 0.f;
+  float m = -INFINITY, l = 0.f;
+
+  for (int64_t j = 0; j < n; ++j) {
+    // Every thread of the warp loads the same K_j: one broadcast per warp, not 32 reads.
+    const float* Kj = Kh + j * D;
+    float dot = 0.f;  // q_i . K_j, summed left to right as the plain loop does
+#pragma unroll
+    for (int c = 0; c < D; c += 4) {
+      const float4 x = *reinterpret_cast<const float4*>(Kj + c);
+      dot += q[c] * x.x;
+      dot += q[c + 1] * x.y;
+      dot += q[c + 2] * x.z;
+      dot += q[c + 3] * x.w;
+    }
+    const float sij = s.scale * dot;
+    const float m_new = fmaxf(m, sij);    // finite from the first key on
+    const float alpha = expf(m - m_new);  // rescales what was summed under the old max (0 at j=0)
+    const float pij = expf(sij - m_new);
+    l = alpha * l + pij;
+    const float* Vj = Vh + j * D;
+#pragma unroll
+    for (int c = 0; c < D; c += 4) {
+      const float4 x = *reinterpret_cast<const float4*>(Vj + c);
+      o[c] = alpha * o[c] + pij * x.x;
+      o[c + 1] = alpha * o[c + 1] + pij * x.y;
+      o[c + 2] = alpha * o[c + 2] + pij * x.z;
+      o[c + 3] = alpha * o[c + 3] + pij * x.w;
+    }
+    m = m_new;
+  }
+
+  // One division at the end; l == 0 only when no key is visible (then O_i = 0, LSE_i = -inf).
+  const float inv_l = l > 0.f ? 1.f / l : 0.f;
+  float* Oi = O + row * D;
+#pragma unroll
+  for (int c = 0; c < D; c += 4)
+    *reinterpret_cast<float4*>(Oi + c) =
+        make_float4(o[c] * inv_l, o[c + 1] * inv_l, o[c + 2] * inv_l, o[c + 3] * inv_l);
+  lse[row] = l > 0.f ? m + logf(l) : -INFINITY;
+}
+
+constexpr int kDims[] = {16, 32, 64, 96, 128, 256};  // one instantiation each
+
+template <int D>
+void launch(dim3 grid, const float* Q, const float* K, const float* V, float* O, float* lse,
+            const Shape& s) {
+  attention_row<D><<<grid, kThreads>>>(Q, K, V, O, lse, s);
+  CUDA_CHECK_LAUNCH();
+}
+
+RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions& opt) {
+  const cudaDeviceProp prop = require_device();
+  if (p.dtype != DType::f32)
+    throw BadInput(std::string("step 04_thread_per_row supports --dtype fp32 only, got ") +
+                   dtype_name(p.dtype));
+  bool dim_ok = false;
+  std::string dims;
+  for (int d : kDims) {
+    dim_ok = dim_ok || p.dim == d;
+    dims += " " + std::to_string(d);
+  }
+  if (!dim_ok)
+    throw BadInput("step 04_thread_per_row supports --dim" + dims +
+                   " (q_i and O_i live in registers sized at compile time), got " +
+                   std::to_string(p.dim));
+  if (p.heads > 65535 || p.batch > 65535)  // grid.y and grid.z limits
+    throw BadInput("step 04_thread_per_row supports --heads and --batch up to 65535, got " +
+                   std::to_string(p.heads) + " and " + std::to_string(p.batch));
+  if (p.backward) throw BadInput("step 04_thread_per_row has no backward pass (forward only)");
+  // Inputs and outputs only (no workspace), plus time_gpu_ms's L2 flush buffer.
+  require_free_memory(4.0 * (2.0 * double(p.q_numel() + p.kv_numel()) + double(p.rows())) +
+                          2.0 * double(prop.l2CacheSize),
+                      "step 04_thread_per_row (Q, K, V, O and LSE in fp32)");
+
+  DeviceBuffer<float> Q{size_t(p.q_numel())}, K{size_t(p.kv_numel())}, V{size_t(p.kv_numel())};
+  Q.upload(host_f32(in.q)), K.upload(host_f32(in.k)), V.upload(host_f32(in.v));
+  DeviceBuffer<float> O{size_t(p.q_numel())}, LSE{size_t(p.rows())};
+  O.poison(), LSE.poison();
+
+  const Shape s{p.heads, p.heads_kv, p.seq_q, p.seq_k, p.causal, float(p.softmax_scale())};
+  const dim3 grid(unsigned((p.seq_q + kThreads - 1) / kThreads), unsigned(p.heads),
+                  unsigned(p.batch));
+  auto forward = [&] {
+    const float *q = Q.get(), *k = K.get(), *v = V.get();
+    float *o = O.get(), *l = LSE.get();
+    switch (p.dim) {
+      case 16:
+        return launch<16>(grid, q, k, v, o, l, s);
+      case 32:
+        return launch<32>(grid, q, k, v, o, l, s);
+      case 64:
+        return launch<64>(grid, q, k, v, o, l, s);
+      case 96:
+        return launch<96>(grid, q, k, v, o, l, s);
+      case 128:
+        return launch<128>(grid, q, k, v, o, l, s);
+      default:
+        return launch<256>(grid, q, k, v, o, l, s);
+    }
+  };
+  RunResult r;
+  r.fwd_ms = time_gpu_ms(forward, opt.repeats, opt.warmup);
+  to_tensor(O.download(), out.o);
+  to_tensor(LSE.download(), out.lse);
+  r.workspace_bytes = 0;  // m_i, l_i, q_i and O_i live in registers
+  r.config =
+      "threads=" + std::to_string(kThreads) + " (1 query row each) d=" + std::to_string(p.dim);
+  return r;
+}
+
+}  // namespace
+
+const Step& step_04() {
+  static const Step s = [] {
+    Step s;
+    s.number = 4;
+    s.name = "04_thread_per_row";
+    s.summary =
+        "one fused kernel, one thread per query row: online softmax over every visible "
+        "key, S and P never stored";
+    s.adds = {"one fused kernel, one thread per query row",
+              "online softmax over keys streamed from global memory",
+              "q_i and the unnormalised O_i in registers (kernel templated on d)",
+              "no S or P in memory: O(1) workspace"};
+    s.device = Device::cuda;
+    s.caps.dtypes = {DType::f32};
+    s.caps.head_dims = {16, 32, 64, 96, 128, 256};
+    s.caps.causal = true, s.caps.gqa = true, s.caps.backward = false;
+    s.caps.limits =
+        "no workspace: q_i, O_i, m_i, l_i live in registers (d = 256 spills to local memory)";
+    s.variants = {
+        {"thread-per-row", "one thread per query row streams K and V from global memory"}};
+    s.run = run;
+    return s;
+  }();
+  return s;
+}
+
+}  // namespace ladder
