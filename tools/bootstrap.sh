@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
-pkgs=(g++ cmake ninja-build libeigen3-dev catch2 libcli11-dev python3 python3-numpy)
+pkgs=(g++ cmake ninja-build libeigen3-dev catch2 libcli11-dev python3 python3-numpy python3-matplotlib)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

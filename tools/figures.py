@@ -1,0 +1,555 @@
+#!/usr/bin/env python3
+"""Figures and the README's results table, regenerated from the results files.
+
+  python3 tools/figures.py
+
+reads notes/results/*.csv (one per GPU, written by `ladder bench --csv` and the PyTorch peers
+of shared/bench/peers.py --csv; schema in LADDER.md) and writes, for each file <gpu>.csv:
+  notes/figures/<gpu>_tflops_<dtype>.svg|png  TFLOP/s against sequence length, each rung next
+                                             to the PyTorch peers of the same dtype
+  notes/figures/<gpu>_roofline.svg|png        every GPU rung and peer under the H100 ceilings
+  notes/figures/<gpu>_workspace.svg|png       workspace bytes against sequence length
+and the table between <!-- results:begin --> and <!-- results:end --> in README.md. With no
+results yet it writes that in the README and exits 0. Nothing here is typed by hand: every
+number comes from the CSV files.
+The figures need matplotlib (Debian: python3-matplotlib); the README table does not.
+"""
+import argparse
+import csv
+import importlib.util
+import math
+import os
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COLUMNS = ("step,dtype,batch,heads,heads_kv,seq_q,seq_k,dim,causal,direction,ms,tflops,gbps,"
+           "workspace_bytes,gpu,cuda,commit").split(",")
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+
+# The H100 SXM ceilings of LADDER.md, measured there (not datasheet numbers).
+FP32_FFMA_TFLOPS = 51.0  # fp32 GEMM without TF32
+MMA_BF16_TFLOPS = 626.0  # mma.sync m16n8k16, bf16 in, fp32 accumulate
+HBM_TBPS = 3.0  # device-to-device copy
+
+# flash-attention's benchmark shapes: B*N = 16384 tokens, H*d = 2048.
+TOKENS, HIDDEN = 16384, 2048
+TABLE_SEQ = 4096
+# The peer a rung's README ratio is taken against, by the rung's dtype.
+TABLE_PEER = {"fp32": "torch-efficient", "bf16": "torch-flash", "fp16": "torch-flash"}
+CPU_RUNGS = {"00", "01", "02"}  # the roofline's ceilings are a GPU's: CPU rungs stay off it
+
+PEER_STYLE = {  # colour, line style
+    "torch-flash": ("#000000", "--"),
+    "torch-cudnn": ("#6b6b6b", "-."),
+    "torch-efficient": ("#8c564b", ":"),
+    "torch-math": ("#9467bd", (0, (1, 3))),
+}
+RUNG_COLOR = {"00": "#7f7f7f", "01": "#bcbd22", "02": "#17becf", "03": "#d62728",
+              "04": "#ff7f0e", "05": "#2ca02c", "06": "#1f77b4"}
+
+
+class Row:
+    __slots__ = COLUMNS
+
+    def key(self):
+        return (self.step, self.dtype, self.batch, self.heads, self.heads_kv, self.seq_q,
+                self.seq_k, self.dim, self.causal, self.direction)
+
+    @property
+    def peer(self):
+        return self.step.startswith("torch-")
+
+    @property
+    def flash_shape(self):
+        return (self.seq_q == self.seq_k and self.heads == self.heads_kv and
+                self.batch == max(1, TOKENS // self.seq_q) and
+                self.heads == max(1, HIDDEN // self.dim))
+
+
+def parse_row(d):
+    r = Row()
+    step = d["step"].strip()
+    r.step = step.zfill(2) if step.isdigit() else step  # "5" and "05" are the same rung
+    r.dtype = d["dtype"].strip()
+    for c in ("batch", "heads", "heads_kv", "seq_q", "seq_k", "dim", "causal"):
+        setattr(r, c, int(d[c]))
+    r.direction = d["direction"].strip()
+    if r.direction not in ("fwd", "bwd"):
+        raise ValueError(f"direction '{r.direction}'")
+    for c in ("ms", "tflops", "gbps", "workspace_bytes"):
+        v = float(d[c])
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"{c} = {d[c]}")
+        setattr(r, c, v)
+    for c in ("gpu", "cuda", "commit"):
+        setattr(r, c, (d.get(c) or "-").strip() or "-")
+    return r
+
+
+def load(path):
+    """The rows of one results file; for a point measured twice, the later row wins."""
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            print(f"figures: {path}: skipped, missing columns {', '.join(missing)}",
+                  file=sys.stderr)
+            return []
+        rows = {}
+        for line, d in enumerate(reader, start=2):
+            try:
+                r = parse_row(d)
+            except (ValueError, TypeError, KeyError) as e:
+                print(f"figures: {path}:{line}: skipped ({e})", file=sys.stderr)
+                continue
+            rows.pop(r.key(), None)  # re-insert: keeps file order for the newest row
+            rows[r.key()] = r
+    return list(rows.values())
+
+
+def rung_names():
+    """'03' -> '03_naive_cuda', from the step folders, so names never drift from the tree."""
+    return {d.name[:2]: d.name for d in sorted((ROOT / "steps").glob("[0-9][0-9]_*"))}
+
+
+def label(step, names):
+    return names.get(step, step)
+
+
+def style(step):
+    if step in PEER_STYLE:
+        color, ls = PEER_STYLE[step]
+        return dict(color=color, linestyle=ls, marker=None)
+    return dict(color=RUNG_COLOR.get(step, "#333333"), linestyle="-", marker="o",
+                markersize=3.5)
+
+
+def seq_ticks(ax, seqs):
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(seqs)
+    ax.set_xticklabels([f"{s // 1024}k" if s >= 1024 and s % 1024 == 0 else str(s)
+                        for s in seqs])
+    ax.minorticks_off()
+
+
+def shown(path):
+    """A path from the repository root when inside it (as the README links it)."""
+    path = Path(path).resolve()
+    return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
+
+
+def unique(values):
+    return sorted({v for v in values if v not in ("", "-", "cpu")})
+
+
+def order(step):
+    # Rungs by number, then the peers in the order of PEER_STYLE.
+    peers = list(PEER_STYLE)
+    return (1, peers.index(step), step) if step in peers else (0, 0, step)
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures
+
+
+def save(fig, out_dir, stem, written):
+    for ext in ("svg", "png"):
+        path = out_dir / f"{stem}.{ext}"
+        # No date in the SVG and a fixed id salt: the same CSV gives byte-identical files.
+        meta = {"Date": None} if ext == "svg" else {"Software": None}
+        fig.savefig(path, dpi=150, bbox_inches="tight", metadata=meta)
+        written.append(path)
+
+
+def fig_tflops(plt, rows, gpu, tag, out_dir, names, written):
+    """(a) TFLOP/s against seq, one panel per (direction, d, causal), per dtype."""
+    flash = [r for r in rows if r.flash_shape and r.tflops > 0]
+    for dtype in sorted({r.dtype for r in flash}, key=lambda t: ("fp32", "bf16", "fp16").index(t)
+                        if t in ("fp32", "bf16", "fp16") else 9):
+        sel = [r for r in flash if r.dtype == dtype]
+        if not any(r.peer or r.step not in CPU_RUNGS for r in sel):
+            continue  # e.g. the fp64 oracle alone: not a performance rung
+        dirs = [d for d in ("fwd", "bwd") if any(r.direction == d for r in sel)]
+        combos = sorted({(r.dim, r.causal) for r in sel})
+        fig, axes = plt.subplots(len(dirs), len(combos), squeeze=False, sharex=True, sharey=True,
+                                 figsize=(3.6 * len(combos) + 1.5, 3.0 * len(dirs) + 0.8))
+        seqs = sorted({r.seq_q for r in sel})
+        lo = min(r.tflops for r in sel)
+        hi = max(r.tflops for r in sel)
+        log_y = hi / lo > 100  # CPU rungs next to GPU ones: only a log axis shows both
+        ceiling = (FP32_FFMA_TFLOPS, "fp32 FFMA") if dtype == "fp32" else (
+            (MMA_BF16_TFLOPS, "mma.sync") if dtype in ("bf16", "fp16") else None)
+        handles = {}
+        for i, direction in enumerate(dirs):
+            for j, (dim, causal) in enumerate(combos):
+                ax = axes[i][j]
+                pts = defaultdict(list)
+                for r in sel:
+                    if r.direction == direction and r.dim == dim and r.causal == causal:
+                        pts[r.step].append((r.seq_q, r.tflops))
+                for step in sorted(pts, key=order):
+                    xy = sorted(pts[step])
+                    (h,) = ax.plot([x for x, _ in xy], [y for _, y in xy],
+                                   label=label(step, names), **style(step))
+                    handles.setdefault(step, h)
+                if ceiling:
+                    ax.axhline(ceiling[0], color="#999999", lw=0.8)
+                    ax.text(seqs[0], ceiling[0] * (1.12 if log_y else 0.97),
+                            f"{ceiling[1]} ceiling {ceiling[0]:g}", fontsize=7, color="#777777",
+                            va="bottom" if log_y else "top")
+                seq_ticks(ax, seqs)
+                if log_y:
+                    ax.set_yscale("log")
+                else:
+                    ax.set_ylim(bottom=0)
+                ax.grid(True, which="major", alpha=0.3)
+                ax.set_title(f"{direction}, d = {dim}, {'causal' if causal else 'not causal'}",
+                             fontsize=9)
+                if j == 0:
+                    ax.set_ylabel("TFLOP/s" + (" (log)" if log_y else ""))
+                if i == len(dirs) - 1:
+                    ax.set_xlabel("sequence length N")
+        steps = sorted(handles, key=order)
+        fig.legend([handles[s] for s in steps], [label(s, names) for s in steps],
+                   loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, fontsize=9)
+        fig.suptitle(f"{gpu}: {dtype} attention, rungs (solid) and PyTorch SDPA (dashed)\n"
+                     f"flash-attention shapes: B·N = {TOKENS}, H·d = {HIDDEN}; "
+                     "fwd FLOPs 4·B·H·N²·d (halved when causal), bwd 2.5× fwd", fontsize=10)
+        fig.tight_layout()
+        save(fig, out_dir, f"{tag}_tflops_{dtype}", written)
+        plt.close(fig)
+
+
+def fig_roofline(plt, rows, gpu, tag, out_dir, names, written):
+    """(b) each GPU rung and peer by arithmetic intensity (FLOPs / compulsory bytes)."""
+    sel = [r for r in rows if r.flash_shape and not r.causal and r.gbps > 0 and r.tflops > 0 and
+           r.step not in CPU_RUNGS]
+    # fp16 sits where bf16 does (same bytes, same mma rate): draw one of them, bf16 first.
+    half = "bf16" if any(r.dtype == "bf16" for r in sel) else "fp16"
+    # Peers: the fp32 ones, and the 16-bit ones step 06 is measured against (the fp32-minded
+    # efficient and math backends in 16 bit would only crowd the plot).
+    sel = [r for r in sel if r.dtype == "fp32" or (r.dtype == half and r.step not in
+                                                    ("torch-efficient", "torch-math"))]
+    if not sel:
+        return
+    dirs = [d for d in ("fwd", "bwd") if any(r.direction == d for r in sel)]
+    fig, axes = plt.subplots(1, len(dirs), squeeze=False, figsize=(6.2 * len(dirs) + 1.5, 5.0))
+    ai_all = [1e3 * r.tflops / r.gbps for r in sel]  # TFLOP/s / (GB/s) * 1e3 = FLOP/byte
+    x_lo = min(ai_all + [FP32_FFMA_TFLOPS / HBM_TBPS]) / 3
+    x_hi = max(ai_all + [MMA_BF16_TFLOPS / HBM_TBPS]) * 3
+    dims = sorted({r.dim for r in sel})
+    markers = {d: "osD^v<>"[i % 7] for i, d in enumerate(dims)}
+    handles = {}
+    for ax, direction in zip(axes[0], dirs):
+        # Ceilings: bandwidth HBM_TBPS * AI up to each compute peak.
+        xs = [x_lo, MMA_BF16_TFLOPS / HBM_TBPS]
+        ax.plot(xs, [HBM_TBPS * x for x in xs], color="#444444", lw=1)
+        ax.text(x_lo * 1.3, HBM_TBPS * x_lo * 1.3 * 1.25, f"HBM {HBM_TBPS:g} TB/s",
+                rotation=0, fontsize=8, color="#444444")
+        for peak, what in ((FP32_FFMA_TFLOPS, "fp32 FFMA"), (MMA_BF16_TFLOPS, "mma.sync bf16")):
+            ax.plot([peak / HBM_TBPS, x_hi], [peak, peak], color="#444444", lw=1)
+            ax.text(x_hi / 1.1, peak * 1.08, f"{what} {peak:g} TFLOP/s", ha="right",
+                    fontsize=8, color="#444444")
+        series = defaultdict(list)
+        for r in sel:
+            if r.direction == direction:
+                series[(r.step, r.dtype, r.dim)].append((1e3 * r.tflops / r.gbps, r.tflops))
+        for (step, dtype, dim), pts in sorted(series.items(), key=lambda kv: (order(kv[0][0]),
+                                                                              kv[0][1:])):
+            pts.sort()
+            st = style(step)
+            (h,) = ax.plot([x for x, _ in pts], [y for _, y in pts], color=st["color"],
+                           linestyle=st["linestyle"], lw=0.8, marker=markers[dim], markersize=4,
+                           markerfacecolor="white" if step in PEER_STYLE else st["color"])
+            handles.setdefault((step, dtype), h)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(x_lo, x_hi)
+        ax.set_ylim(bottom=min(r.tflops for r in sel) / 3, top=MMA_BF16_TFLOPS * 2)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.set_title(f"{direction} (not causal)", fontsize=9)
+        ax.set_xlabel("arithmetic intensity, FLOPs / compulsory HBM bytes")
+        ax.set_ylabel("TFLOP/s")
+    keys = sorted(handles, key=lambda k: (order(k[0]), k[1]))
+    labels = [f"{label(s, names)} ({t})" for s, t in keys]
+    hs = [handles[k] for k in keys]
+    for dim, m in markers.items():  # marker key: one empty line per head dim
+        (h,) = axes[0][0].plot([], [], color="#444444", linestyle="none", marker=m)
+        hs.append(h)
+        labels.append(f"d = {dim}")
+    fig.legend(hs, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
+               fontsize=9)
+    fig.suptitle(f"{gpu}: roofline (ceilings measured on an H100 SXM), flash-attention "
+                 f"shapes, seq {min(r.seq_q for r in sel)}…{max(r.seq_q for r in sel)} "
+                 f"left to right\nfilled: ladder rungs; open: PyTorch SDPA; fp32 and {half}",
+                 fontsize=10)
+    fig.tight_layout()
+    save(fig, out_dir, f"{tag}_roofline", written)
+    plt.close(fig)
+
+
+def fig_workspace(plt, rows, gpu, tag, out_dir, names, written):
+    """(c) workspace bytes against seq: O(N^2) for the naive rung, O(N) or none for the rest."""
+    sel = [r for r in rows if r.flash_shape and not r.peer and not r.causal]
+    if not sel:
+        return
+    # One dtype per rung (its first in fp32, bf16, fp16 order): fp16 and bf16 use the same.
+    pref = {"fp32": 0, "bf16": 1, "fp16": 2}
+    dtype_of = {}
+    for r in sorted(sel, key=lambda r: pref.get(r.dtype, 9)):
+        dtype_of.setdefault(r.step, r.dtype)
+    dirs = [d for d in ("fwd", "bwd") if any(r.direction == d for r in sel)]
+    dims = sorted({r.dim for r in sel})
+    markers = {d: "osD^v<>"[i % 7] for i, d in enumerate(dims)}
+    seqs = sorted({r.seq_q for r in sel})
+    fig, axes = plt.subplots(1, len(dirs), squeeze=False, sharey=True,
+                             figsize=(5.2 * len(dirs) + 1.8, 4.4))
+    handles = {}
+    positive = [r.workspace_bytes for r in sel if r.workspace_bytes > 0]
+    for ax, direction in zip(axes[0], dirs):
+        # References from the shapes: one fp32 N x N matrix per (batch, head), and one fp32
+        # vector of N per (batch, head). With B*N fixed, B*H*N^2 grows like N, B*H*N is flat.
+        heads = HIDDEN // max(dims)
+        ref_n2 = [max(1, TOKENS // n) * heads * n * n * 4 for n in seqs]
+        ref_n = [max(1, TOKENS // n) * heads * n * 4 for n in seqs]
+        for ref, ls, what in ((ref_n2, "--", "N×N"), (ref_n, ":", "N")):
+            ax.plot(seqs, ref, color="#999999", lw=1, linestyle=ls, zorder=1)
+            ax.text(seqs[0], ref[0] / 1.25, f"one fp32 {what} per head (d = {max(dims)})",
+                    fontsize=7, color="#777777", va="top")
+        none = set()
+        series = defaultdict(list)
+        for r in sel:
+            if r.direction != direction or r.dtype != dtype_of[r.step]:
+                continue
+            if r.workspace_bytes > 0:
+                series[(r.step, r.dim)].append((r.seq_q, r.workspace_bytes))
+            else:
+                none.add(label(r.step, names))
+        steps = sorted({s for s, _ in series}, key=order)
+        for (step, dim), pts in sorted(series.items()):
+            pts.sort()
+            # Rungs with the same workspace overlap: earlier ones drawn wider, underneath.
+            k = steps.index(step)
+            (h,) = ax.plot([x for x, _ in pts], [y for _, y in pts], color=style(step)["color"],
+                           lw=1.0 + 0.9 * (len(steps) - 1 - k), marker=markers[dim],
+                           markersize=3.0 + 0.8 * (len(steps) - 1 - k), zorder=2 + k)
+            handles.setdefault(step, h)
+        if none:
+            ax.text(0.02, 0.02, "no workspace: " + ", ".join(sorted(none)),
+                    transform=ax.transAxes, fontsize=8, va="bottom")
+        seq_ticks(ax, seqs)
+        ax.set_yscale("log")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.set_title(f"{direction} (not causal)", fontsize=9)
+        ax.set_xlabel("sequence length N")
+    axes[0][0].set_ylabel("workspace, bytes (beyond inputs and outputs)")
+    if positive:
+        axes[0][0].set_ylim(bottom=min(positive + ref_n) / 4)
+    steps = sorted(handles, key=order)
+    hs = [handles[s] for s in steps]
+    labels = [label(s, names) for s in steps]
+    for dim, m in markers.items():
+        (h,) = axes[0][0].plot([], [], color="#444444", linestyle="none", marker=m)
+        hs.append(h)
+        labels.append(f"d = {dim}")
+    fig.legend(hs, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
+               fontsize=9)
+    fig.suptitle(f"{gpu}: workspace, flash-attention shapes (B·N = {TOKENS} fixed, so "
+                 "materialising S grows like N here, per-row state stays flat)", fontsize=10)
+    fig.tight_layout()
+    save(fig, out_dir, f"{tag}_workspace", written)
+    plt.close(fig)
+
+
+def use_system_python():
+    """Debian's python3-matplotlib serves /usr/bin/python3, and another python3 may come first
+    on PATH (pyenv, a venv): without matplotlib here, run again under the system one, once,
+    before reading anything (so every message is printed once)."""
+    if importlib.util.find_spec("matplotlib") is not None:
+        return
+    system = "/usr/bin/python3"
+    if (os.path.exists(system) and os.path.realpath(sys.executable) != os.path.realpath(system)
+            and not os.environ.get("LADDER_FIGURES_REEXEC")):
+        os.environ["LADDER_FIGURES_REEXEC"] = "1"
+        os.execv(system, [system, str(Path(__file__).resolve())] + sys.argv[1:])
+
+
+def import_pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit("figures: matplotlib is missing: apt-get install python3-matplotlib "
+                 "(or pip install matplotlib)")
+    matplotlib.use("Agg")
+    matplotlib.rcParams.update({"svg.hashsalt": "attention-ladder", "font.size": 9,
+                                "svg.fonttype": "none", "axes.spines.top": False,
+                                "axes.spines.right": False})
+    import matplotlib.pyplot as plt
+    return plt
+
+
+# ---------------------------------------------------------------------------------------------
+# The README table
+
+
+def fmt_tf(v):
+    if v is None:
+        return "—"
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 1 else f"{v:.3g}"
+
+
+def fmt_ratio(a, b):
+    return "—" if a is None or b is None or b <= 0 else f"{a / b:.2f}×"
+
+
+def table_seq(rungs):
+    """4096 when measured; otherwise the largest seq that the most rungs share."""
+    seqs = {r.seq_q for r in rungs}
+    if TABLE_SEQ in seqs:
+        return TABLE_SEQ
+    count = {s: len({r.step for r in rungs if r.seq_q == s}) for s in seqs}
+    return max(seqs, key=lambda s: (count[s], s))
+
+
+def results_table(rows, gpu_tag, csv_path, names, figures):
+    flash = [r for r in rows if r.flash_shape]
+    rungs = [r for r in flash if not r.peer and r.dtype in TABLE_PEER]
+    if not rungs:
+        return [f"`{csv_path}`: no rung measured at the flash-attention shapes "
+                f"(B·N = {TOKENS}, H·d = {HIDDEN}).", ""]
+    seq = table_seq(rungs)
+    at = {r.key(): r for r in flash if r.seq_q == seq}
+
+    def tf(step, dtype, dim, causal, direction):
+        r = at.get((step, dtype, TOKENS // seq if TOKENS >= seq else 1, HIDDEN // dim,
+                    HIDDEN // dim, seq, seq, dim, causal, direction))
+        return r.tflops if r else None
+
+    step_rows = [r for r in rows if not r.peer]
+    peer_rows = [r for r in rows if r.peer]
+    gpus = unique(r.gpu for r in rows)
+    cuda = unique(r.cuda for r in step_rows)
+    torch_cuda = unique(r.cuda for r in peer_rows)
+    commits = unique(r.commit for r in step_rows)
+    out = [f"### {', '.join(gpus) or gpu_tag}", ""]
+    meta = [f"from [`{csv_path}`]({csv_path})"]
+    if cuda:
+        meta.append(f"CUDA {', '.join(cuda)}")
+    if torch_cuda:
+        meta.append(f"peers: PyTorch SDPA built with CUDA {', '.join(torch_cuda)}")
+    if commits:
+        meta.append(f"commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}")
+    out += [" · ".join(meta) + ".", ""]
+    out += [f"TFLOP/s at seq {seq} (B = {max(1, TOKENS // seq)}, H·d = {HIDDEN}); "
+            "a ratio is the rung's TFLOP/s over its peer's, both measured on this GPU.", ""]
+    out += ["| rung | dtype | d | causal | fwd | bwd | peer: fwd / bwd | fwd ratio | bwd ratio |",
+            "|---|---|---|---|--:|--:|---|--:|--:|"]
+    points = sorted({(r.step, r.dtype, r.dim, r.causal) for r in rungs if r.seq_q == seq},
+                    key=lambda k: (k[0], ("fp32", "bf16", "fp16").index(k[1]), k[2], k[3]))
+    for step, dtype, dim, causal in points:
+        peer = TABLE_PEER[dtype]
+        f, b = tf(step, dtype, dim, causal, "fwd"), tf(step, dtype, dim, causal, "bwd")
+        pf, pb = tf(peer, dtype, dim, causal, "fwd"), tf(peer, dtype, dim, causal, "bwd")
+        peer_cell = f"{peer} {dtype}: {fmt_tf(pf)} / {fmt_tf(pb)}" if pf or pb else "—"
+        out.append(f"| `{label(step, names)}` | {dtype} | {dim} | {'yes' if causal else 'no'} | "
+                   f"{fmt_tf(f)} | {fmt_tf(b)} | {peer_cell} | {fmt_ratio(f, pf)} | "
+                   f"{fmt_ratio(b, pb)} |")
+    absent = sorted({r.step for r in rungs} - {p[0] for p in points})
+    if absent:
+        why = (" (`ladder bench --preset flash` runs the CPU rungs up to seq 1024)"
+               if set(absent) <= CPU_RUNGS else "")
+        out += ["", f"Not measured at seq {seq}: "
+                f"{', '.join(f'`{label(s, names)}`' for s in absent)}{why}."]
+    if figures:
+        # The roofline shows every GPU rung at once; the other figures are a click away.
+        roof = [p for p in figures if p.stem.endswith("_roofline")]
+        title = lambda p: p.stem[len(gpu_tag) + 1:].replace("tflops_", "TFLOP/s ")
+        out += ["", "Figures: " + " · ".join(f"[{title(p)}]({p.as_posix()})" for p in figures)]
+        out += [""] + [f"![{p.stem}]({p.as_posix()})" for p in roof]
+    return out + [""]
+
+
+def update_readme(readme, body):
+    text = readme.read_text(encoding="utf-8")
+    block = BEGIN + "\n" + body.rstrip("\n") + "\n" + END
+    if BEGIN in text and END in text and text.index(BEGIN) < text.index(END):
+        a, b = text.index(BEGIN), text.index(END) + len(END)
+        new = text[:a] + block + text[b:]
+    else:
+        # First run: a "## Results" section just before "## Notes" (or at the end).
+        m = re.search(r"^## Results[ \t]*\n", text, flags=re.M)
+        if m:
+            new = text[:m.end()] + "\n" + block + "\n" + text[m.end():]
+        else:
+            m = re.search(r"^## Notes\b", text, flags=re.M)
+            section = "## Results\n\n" + block + "\n\n"
+            if m:
+                new = text[:m.start()] + section + text[m.start():]
+            else:
+                new = text.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
+    if new != text:
+        readme.write_text(new, encoding="utf-8")
+    return new != text
+
+
+NO_RESULTS = ("No results yet. On a machine with an NVIDIA GPU, `tools/gpu_check.sh bench peers` "
+              "measures the rungs and PyTorch's SDPA peers side by side into one CSV; saved as "
+              "`notes/results/<gpu>.csv`, `python3 tools/figures.py` draws the figures and this "
+              "table from it.")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", default=str(ROOT / "notes" / "results"),
+                    help="folder of results CSV files (default notes/results)")
+    ap.add_argument("--figures", default=str(ROOT / "notes" / "figures"),
+                    help="output folder (default notes/figures)")
+    ap.add_argument("--readme", default=str(ROOT / "README.md"),
+                    help="the README whose results table is regenerated")
+    args = ap.parse_args(argv)
+    results, out_dir, readme = Path(args.results), Path(args.figures), Path(args.readme)
+
+    files = sorted(results.glob("*.csv")) if results.is_dir() else []
+    if files:
+        use_system_python()
+    # h100 first: it is the GPU the targets are set for.
+    files.sort(key=lambda p: (p.stem != "h100", p.stem))
+    data = [(p, load(p)) for p in files]
+    data = [(p, rows) for p, rows in data if rows]
+    if not data:
+        changed = update_readme(readme, NO_RESULTS)
+        print(f"figures: no results in {results}: {readme.name} says so"
+              f"{'' if changed else ' (unchanged)'}; no figures written")
+        return 0
+
+    plt = import_pyplot()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = rung_names()
+    body = []
+    for path, rows in data:
+        tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.stem)
+        gpu = ", ".join(unique(r.gpu for r in rows)) or tag
+        written = []
+        fig_tflops(plt, rows, gpu, tag, out_dir, names, written)
+        fig_roofline(plt, rows, gpu, tag, out_dir, names, written)
+        fig_workspace(plt, rows, gpu, tag, out_dir, names, written)
+        for w in written:
+            print(f"figures: wrote {shown(w)}")
+        svgs = [w for w in written if w.suffix == ".svg"]
+        try:
+            csv_rel = path.resolve().relative_to(readme.resolve().parent).as_posix()
+            svg_rel = [w.resolve().relative_to(readme.resolve().parent) for w in svgs]
+        except ValueError:  # outside the README's tree (development runs): absolute paths
+            csv_rel, svg_rel = str(path), svgs
+        body += results_table(rows, tag, csv_rel, names, svg_rel)
+    changed = update_readme(readme, "\n".join(body))
+    print(f"figures: {readme.name} results table {'updated' if changed else 'unchanged'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
