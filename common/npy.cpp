@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "error.hpp"
@@ -32,9 +33,16 @@ std::string dict_value(const std::string& header, const std::string& key, const 
 }  // namespace
 
 Tensor read_npy(const std::string& path) {
+  if (std::filesystem::is_directory(path))
+    throw BadInput(path + ": is a directory, not a .npy file");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw BadInput(path + ": cannot open for reading");
-  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::string bytes;
+  try {  // a read error surfaces as std::ios_base::failure from the stream buffer
+    bytes.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  } catch (const std::exception& e) {
+    throw BadInput(path + ": cannot read: " + e.what());
+  }
   if (bytes.size() < 10 || std::memcmp(bytes.data(), "\x93NUMPY", 6) != 0)
     bad(path, "not a .npy file (bad magic)");
   const int major = uint8_t(bytes[6]);
@@ -83,6 +91,9 @@ Tensor read_npy(const std::string& path) {
     char* end = nullptr;
     long long v = std::strtoll(tok.c_str(), &end, 10);
     if (*end != '\0' || v < 0) bad(path, "malformed shape entry '" + tok + "'");
+    // The byte count must fit in 64 bits: a product that wraps could "match" no data.
+    if (v > 0 && Tensor::numel(shape) > std::numeric_limits<int64_t>::max() / 8 / v)
+      bad(path, "shape is too large");
     shape.push_back(v);
   }
   const int64_t n = Tensor::numel(shape);
@@ -161,6 +172,12 @@ void write_npy_files(const std::string& dir,
       throw BadInput(final_path.string() + ": cannot write");
     }
   }
+  // Renaming onto a directory fails: find that before anything is put in place.
+  for (auto& s : staged)
+    if (fs::is_directory(s.second)) {
+      cleanup();
+      throw BadInput(s.second.string() + ": is a directory; nothing was written");
+    }
   for (auto& s : staged) {
     fs::rename(s.first, s.second, ec);
     if (ec) {

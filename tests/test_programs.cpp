@@ -1,1 +1,440 @@
+// The step programs as a user (or a grader's script) runs them: exit statuses of
+// LADDER.md's command-line contract, messages that say what is supported, no output
+// files after bad input, --help listing every flag, and .npy save/load round trips.
+// Each program runs as a subprocess with its output captured in a temporary directory.
 #include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "device.hpp"
+#include "inputs.hpp"
+#include "npy.hpp"
+#include "reference.hpp"
+#include "registry.hpp"
+
+namespace fs = std::filesystem;
+using namespace ladder;
+using Catch::Matchers::Contains;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "ladder_programs_XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+struct Run {
+  int status = -1;  // the exit status, or -1 if the program did not exit normally (a crash)
+  std::string out, err;
+};
+
+// Runs a step program with `args`, stdout and stderr captured under `tmp`.
+Run run_step(const std::string& step, const std::string& args, const TempDir& tmp) {
+  const std::string bin = std::string(LADDER_STEP_BIN_DIR) + "/" + step;
+  REQUIRE(fs::exists(bin));
+  const std::string out = tmp / "stdout.txt", err = tmp / "stderr.txt";
+  const std::string cmd = quote(bin) + " " + args + " >" + quote(out) + " 2>" + quote(err);
+  const int w = std::system(cmd.c_str());
+  Run r;
+  if (w != -1 && WIFEXITED(w)) r.status = WEXITSTATUS(w);
+  r.out = read_file(out);
+  r.err = read_file(err);
+  return r;
+}
+
+// Every entry under `dir` (hidden ones, and in subfolders, too); empty if it is absent.
+std::vector<std::string> files_under(const std::string& dir) {
+  std::vector<std::string> names;
+  if (!fs::exists(dir)) return names;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    names.push_back(fs::relative(e.path(), dir).string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+const char* kSmall = "--batch 1 --heads 2 --seq-q 17 --seq-k 23 --dim 16";
+const char* kQuick = " --repeats 1 --warmup 0";
+
+Problem make_problem(int64_t b, int64_t h, int64_t hkv, int64_t m, int64_t n, int64_t d,
+                     bool causal, uint64_t seed) {
+  Problem p;
+  p.batch = b;
+  p.heads = h;
+  p.heads_kv = hkv;
+  p.seq_q = m;
+  p.seq_k = n;
+  p.dim = d;
+  p.causal = causal;
+  p.seed = seed;
+  p.dtype = DType::f64;
+  return p;
+}
+
+// max |got - ref| / max |ref| over finite ref; -inf must match exactly; NaN is infinite.
+double rel_error(const Tensor& got, const Tensor& ref) {
+  REQUIRE(got.shape == ref.shape);
+  double max_abs = 0, max_ref = 0;
+  for (size_t i = 0; i < ref.data.size(); ++i) {
+    const double g = got.data[i], r = ref.data[i];
+    if (std::isinf(r)) {
+      if (g != r) return std::numeric_limits<double>::infinity();
+      continue;
+    }
+    if (!std::isfinite(g)) return std::numeric_limits<double>::infinity();
+    max_abs = std::max(max_abs, std::fabs(g - r));
+    max_ref = std::max(max_ref, std::fabs(r));
+  }
+  return max_ref > 0 ? max_abs / max_ref : max_abs;
+}
+
+bool has_non_finite(const Tensor& t) {
+  return std::any_of(t.data.begin(), t.data.end(), [](double x) { return !std::isfinite(x); });
+}
+
+std::vector<const Step*> cpu_steps() {
+  std::vector<const Step*> s;
+  for (const Rung& r : rungs())
+    if (r.step && r.step->device == Device::cpu) s.push_back(r.step);
+  return s;
+}
+
+// A dtype the step does not support.
+const char* foreign_dtype(const Step& s) {
+  for (DType t : {DType::bf16, DType::f16, DType::f64, DType::f32})
+    if (std::find(s.caps.dtypes.begin(), s.caps.dtypes.end(), t) == s.caps.dtypes.end())
+      return dtype_name(t);
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("programs: a good run exits 0 and saves O and LSE", "[programs]") {
+  TempDir tmp;
+  for (const Step* s : cpu_steps()) {
+    INFO(s->name);
+    const std::string save = tmp / (s->name + "_save");
+    const Run r =
+        run_step(s->name, std::string(kSmall) + " --causal --save " + quote(save) + kQuick, tmp);
+    INFO(r.out << r.err);
+    CHECK(r.status == 0);
+    CHECK(files_under(save) == std::vector<std::string>{"lse.npy", "o.npy"});
+    CHECK(read_npy(save + "/o.npy").shape == std::vector<int64_t>{1, 2, 17, 16});
+    CHECK(read_npy(save + "/lse.npy").shape == std::vector<int64_t>{1, 2, 17});
+    CHECK_THAT(r.out, Contains(dtype_name(s->default_dtype())));  // runs in its first dtype
+  }
+}
+
+TEST_CASE("programs: bad input exits 2, says why, and writes no files", "[programs]") {
+  struct Bad {
+    std::string args, says;
+  };
+  const std::vector<Bad> common = {
+      {"--heads 6 --heads-kv 4 --seq-q 8 --seq-k 8 --dim 8", "multiple of --heads-kv"},
+      {"--heads 2 --heads-kv 0 --seq-q 8 --seq-k 8 --dim 8", "--heads-kv"},
+      {"--heads 2 --seq-q 0 --seq-k 8 --dim 8", "--seq-q"},
+      {"--heads 2 --seq-q 8 --seq-k -3 --dim 8", "--seq-k"},
+      {"--heads 2 --seq-q 8 --seq-k=-3 --dim 8", "--seq-k"},
+      {"--heads 2 --seq-q 8 --seq-k 8 --dim 0", "--dim"},
+      {"--batch 0 --heads 2 --seq-q 8 --seq-k 8 --dim 8", "--batch"},
+      {"--heads 2 --seq-q 8 --seq-k 8 --dim 8 --dtype int8", "fp32"},  // lists the dtypes
+      {"--heads 2 --seq-q 8 --seq-k 8 --dim 8 --variant no-such-variant", "no-such-variant"},
+      {"--heads 2 --seq-q 8 --seq-k 8 --dim 8 --inputs sideways", "normal"},
+      {"--heads 2 --seq-q 8 --seq-k 8 --dim 8 --check sometimes", "auto"},
+      {"--heads 2 --seq-q 8 --seq-k 8 --dim 8 --no-such-flag", "no-such-flag"},
+      {"--load /nonexistent/ladder/dir", "not a directory"},
+  };
+  TempDir tmp;
+  int n = 0;
+  for (const Step* s : cpu_steps()) {
+    std::vector<Bad> cases = common;
+    if (const char* t = foreign_dtype(*s))  // the message names what it does support
+      cases.push_back({std::string("--heads 2 --seq-q 8 --seq-k 8 --dim 8 --dtype ") + t,
+                       std::string("supports ") + dtype_name(s->default_dtype())});
+    cases.push_back({"--heads 2 --seq-q 8 --seq-k 8 --dim 8 --variant nope",
+                     "variants are: " + s->variants.front().name});
+    if (!s->caps.backward)
+      cases.push_back({"--heads 2 --seq-q 8 --seq-k 8 --dim 8 --backward", "backward"});
+    for (const Bad& c : cases) {
+      const std::string save = tmp / ("save" + std::to_string(n++));
+      const Run r = run_step(s->name, c.args + " --save " + quote(save) + kQuick, tmp);
+      INFO(s->name << " " << c.args << "\nstdout: " << r.out << "\nstderr: " << r.err);
+      CHECK(r.status == 2);
+      CHECK_THAT(r.err, Contains(c.says));
+      CHECK(files_under(save).empty());
+    }
+  }
+  CHECK(n > 0);
+}
+
+TEST_CASE("programs: step 02 names its one dtype when asked for bf16", "[programs]") {
+  TempDir tmp;
+  const std::string save = tmp / "save";
+  const Run r = run_step("02_online_softmax",
+                         std::string(kSmall) + " --dtype bf16 --save " + quote(save) + kQuick, tmp);
+  INFO(r.out << r.err);
+  CHECK(r.status == 2);
+  CHECK_THAT(r.err, Contains("bf16") && Contains("supports fp32"));
+  CHECK(files_under(save).empty());
+}
+
+TEST_CASE("programs: --save onto a file exits 2 and leaves the file alone", "[programs]") {
+  TempDir tmp;
+  const std::string target = tmp / "a_file";
+  std::ofstream(target) << "keep me";
+  const Run r =
+      run_step("02_online_softmax", std::string(kSmall) + " --save " + quote(target) + kQuick, tmp);
+  INFO(r.out << r.err);
+  CHECK(r.status == 2);
+  CHECK_THAT(r.err, Contains("not a directory"));
+  CHECK(read_file(target) == "keep me");
+}
+
+TEST_CASE("programs: --help exits 0 and lists the whole flag contract", "[programs]") {
+  TempDir tmp;
+  for (const Rung& rung : rungs()) {
+    if (!rung.step) continue;  // not built here
+    INFO(rung.name);
+    const Run r = run_step(rung.name, "--help", tmp);
+    CHECK(r.status == 0);
+    for (const char* flag :
+         {"--batch", "--heads", "--heads-kv", "--seq-q", "--seq-k", "--dim", "--causal", "--scale",
+          "--dtype", "--seed", "--backward", "--load", "--save", "--repeats"})
+      CHECK_THAT(r.out, Contains(flag));
+    for (const Variant& v : rung.step->variants) CHECK_THAT(r.out, Contains(v.name));
+  }
+}
+
+TEST_CASE("programs: --load rejects bad files with exit 2 and writes nothing", "[programs]") {
+  TempDir tmp;
+  // The good set the cases below each break one way: GQA 2 -> 1, float32 files.
+  Problem p = make_problem(1, 2, 1, 9, 13, 8, false, 5);
+  p.backward = true;
+  const Inputs in = make_inputs(p);
+  const std::string good = tmp / "good";
+  write_npy_files(good,
+                  {{"q.npy", &in.q}, {"k.npy", &in.k}, {"v.npy", &in.v}, {"do.npy", &in.dout}});
+
+  struct Bad {
+    const char* what;
+    std::string file;   // replaced (or removed, if bytes is empty)
+    std::string bytes;  // the new content
+    const char* step;
+    const char* extra;  // more flags
+    const char* says;
+  };
+  auto npy = [](const std::vector<int64_t>& shape) { return npy_bytes(Tensor(shape, 0.5)); };
+  std::string mistyped = npy_bytes(in.v);
+  mistyped.replace(mistyped.find("<f4"), 3, "<i4");
+  std::string nan_q = npy_bytes(in.q);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(&nan_q[nan_q.size() - 4], &nan, 4);
+  const std::string q_bytes = npy_bytes(in.q), k_bytes = npy_bytes(in.k);
+
+  const std::vector<Bad> cases = {
+      {"malformed q.npy", "q.npy", "this is not an array", "02_online_softmax", "", "q.npy"},
+      {"truncated k.npy", "k.npy", k_bytes.substr(0, k_bytes.size() - 4), "02_online_softmax", "",
+       "truncated"},
+      {"mistyped v.npy (<i4)", "v.npy", mistyped, "02_online_softmax", "", "'<i4'"},
+      {"missing v.npy", "v.npy", "", "02_online_softmax", "", "v.npy"},
+      {"q and k disagree on dim", "q.npy", npy({1, 2, 9, 6}), "02_online_softmax", "", "dim"},
+      {"q and k disagree on batch", "q.npy", npy({2, 2, 9, 8}), "02_online_softmax", "", "batch"},
+      {"k and v disagree on shape", "v.npy", npy({1, 1, 12, 8}), "02_online_softmax", "",
+       "same shape"},
+      {"q is 3-d", "q.npy", npy({2, 9, 8}), "02_online_softmax", "", "4 dimensions"},
+      {"NaN in q", "q.npy", nan_q, "02_online_softmax", "", "NaN"},
+      {"empty sequence", "q.npy", npy({1, 2, 0, 8}), "02_online_softmax", "", "--seq-q"},
+      {"do.npy missing with --backward", "do.npy", "", "00_cpu_reference", "--backward", "do.npy"},
+      {"do.npy of the wrong shape", "do.npy", npy({1, 2, 8, 8}), "00_cpu_reference", "--backward",
+       "do.npy"},
+      {"shape flags with --load", "q.npy", q_bytes, "02_online_softmax", "--seq-q 9",
+       "cannot be combined with --load"},
+  };
+  int n = 0;
+  for (const Bad& c : cases) {
+    const std::string dir = tmp / ("load" + std::to_string(n)),
+                      save = tmp / ("save" + std::to_string(n));
+    ++n;
+    fs::copy(good, dir);
+    if (c.bytes.empty())
+      fs::remove(dir + "/" + c.file);
+    else
+      std::ofstream(dir + "/" + c.file, std::ios::binary | std::ios::trunc) << c.bytes;
+    const Run r = run_step(
+        c.step, "--load " + quote(dir) + " " + c.extra + " --save " + quote(save) + kQuick, tmp);
+    INFO(c.what << " (" << c.step << ")\nstdout: " << r.out << "\nstderr: " << r.err);
+    CHECK(r.status == 2);
+    CHECK_THAT(r.err, Contains(c.says));
+    CHECK(files_under(save).empty());
+  }
+  // A directory where a file should be: still bad input, not a failed run.
+  {
+    const std::string dir = tmp / "dir_q", save = tmp / "dir_q_save";
+    fs::copy(good, dir);
+    fs::remove(dir + "/q.npy");
+    fs::create_directory(dir + "/q.npy");
+    const Run r = run_step("02_online_softmax",
+                           "--load " + quote(dir) + " --save " + quote(save) + kQuick, tmp);
+    INFO("q.npy is a directory\n" << r.out << r.err);
+    CHECK(r.status == 2);
+    CHECK_THAT(r.err, Contains("q.npy"));
+    CHECK(files_under(save).empty());
+  }
+  // A GQA mismatch with k and v agreeing: the problem itself is rejected.
+  const std::string dir = tmp / "gqa", save = tmp / "gqa_save";
+  fs::copy(good, dir);
+  std::ofstream(dir + "/q.npy", std::ios::binary | std::ios::trunc) << npy({1, 3, 9, 8});
+  std::ofstream(dir + "/k.npy", std::ios::binary | std::ios::trunc) << npy({1, 2, 13, 8});
+  std::ofstream(dir + "/v.npy", std::ios::binary | std::ios::trunc) << npy({1, 2, 13, 8});
+  const Run r = run_step("02_online_softmax",
+                         "--load " + quote(dir) + " --save " + quote(save) + kQuick, tmp);
+  INFO(r.out << r.err);
+  CHECK(r.status == 2);
+  CHECK_THAT(r.err, Contains("multiple of --heads-kv"));
+  CHECK(files_under(save).empty());
+}
+
+TEST_CASE("programs: save and load round trips", "[programs]") {
+  TempDir tmp;
+  SECTION("generated inputs, saved") {
+    const std::string a = tmp / "A";
+    const Run r = run_step("02_online_softmax",
+                           "--batch 1 --heads 4 --heads-kv 2 --seq-q 9 --seq-k 13 --dim 8 --causal "
+                           "--save " +
+                               quote(a) + kQuick,
+                           tmp);
+    INFO(r.out << r.err);
+    REQUIRE(r.status == 0);
+    CHECK(files_under(a) == std::vector<std::string>{"lse.npy", "o.npy"});
+    const Tensor o = read_npy(a + "/o.npy"), lse = read_npy(a + "/lse.npy");
+    CHECK(o.shape == std::vector<int64_t>{1, 4, 9, 8});
+    CHECK(lse.shape == std::vector<int64_t>{1, 4, 9});
+    CHECK_FALSE(has_non_finite(o));
+    CHECK_FALSE(has_non_finite(lse));
+    // What the file holds is what was computed: the same inputs through the oracle here.
+    Problem p = make_problem(1, 4, 2, 9, 13, 8, true, 0);
+    p.dtype = DType::f32;
+    const Inputs in = make_inputs(p);
+    Outputs ref = Outputs::poisoned(p);
+    reference::attention(p, in, ref);
+    CHECK(rel_error(o, ref.o) < 1e-5);
+    CHECK(rel_error(lse, ref.lse) < 1e-5);
+  }
+  SECTION("float32 files in, step 02 (fp32) out, with fully masked rows") {
+    Problem p = make_problem(2, 4, 2, 11, 7, 8, true, 21);  // rows 0..3 see no key
+    p.dtype = DType::f32;
+    const Inputs in = make_inputs(p);
+    const std::string l = tmp / "L32", s = tmp / "S32";
+    write_npy_files(l, {{"q.npy", &in.q}, {"k.npy", &in.k}, {"v.npy", &in.v}});
+    const Run r = run_step("02_online_softmax",
+                           "--causal --load " + quote(l) + " --save " + quote(s) + kQuick, tmp);
+    INFO(r.out << r.err);
+    REQUIRE(r.status == 0);
+    CHECK(files_under(s) == std::vector<std::string>{"lse.npy", "o.npy"});
+    const Tensor o = read_npy(s + "/o.npy"), lse = read_npy(s + "/lse.npy");
+    CHECK(o.shape == std::vector<int64_t>{2, 4, 11, 8});
+    CHECK(lse.shape == std::vector<int64_t>{2, 4, 11});
+    Outputs ref = Outputs::poisoned(p);
+    reference::attention(p, in, ref);
+    CHECK(rel_error(o, ref.o) < 1e-5);
+    CHECK(rel_error(lse, ref.lse) < 1e-5);  // -inf in the masked rows, exactly
+  }
+  SECTION("float64 files in, step 00 --backward --save-f64 out") {
+    Problem p = make_problem(1, 4, 1, 6, 10, 5, true, 22);
+    p.backward = true;
+    const Inputs in = make_inputs(p);
+    const std::string l = tmp / "L64", s = tmp / "S64";
+    write_npy_files(l, {{"q.npy", &in.q}, {"k.npy", &in.k}, {"v.npy", &in.v}, {"do.npy", &in.dout}},
+                    true);
+    const Run r = run_step(
+        "00_cpu_reference",
+        "--causal --backward --load " + quote(l) + " --save " + quote(s) + " --save-f64" + kQuick,
+        tmp);
+    INFO(r.out << r.err);
+    REQUIRE(r.status == 0);
+    CHECK(files_under(s) ==
+          std::vector<std::string>{"dk.npy", "dq.npy", "dv.npy", "lse.npy", "o.npy"});
+    Outputs ref = Outputs::poisoned(p);
+    reference::attention(p, in, ref);
+    // The same oracle on the same float64 values, saved in float64: equal to roundoff.
+    CHECK(rel_error(read_npy(s + "/o.npy"), ref.o) < 1e-14);
+    CHECK(rel_error(read_npy(s + "/lse.npy"), ref.lse) < 1e-14);
+    CHECK(rel_error(read_npy(s + "/dq.npy"), ref.dq) < 1e-14);
+    CHECK(rel_error(read_npy(s + "/dk.npy"), ref.dk) < 1e-14);
+    CHECK(rel_error(read_npy(s + "/dv.npy"), ref.dv) < 1e-14);
+  }
+}
+
+TEST_CASE("programs: why safe matters (step 01 unsafe on large logits)", "[programs]") {
+  TempDir tmp;
+  const std::string args = "--batch 1 --heads 2 --seq-q 17 --seq-k 33 --dim 64 --inputs large";
+  const std::string unsafe = tmp / "unsafe", safe = tmp / "safe";
+  const Run bad = run_step("01_three_pass_softmax",
+                           args + " --variant unsafe --save " + quote(unsafe) + kQuick, tmp);
+  INFO("unsafe: " << bad.out << bad.err);
+  CHECK(bad.status == 1);                        // the check against the oracle fails...
+  const Tensor o = read_npy(unsafe + "/o.npy");  // ...and the overflow is there to see
+  CHECK(has_non_finite(o));
+
+  const Run good = run_step("01_three_pass_softmax", args + " --save " + quote(safe) + kQuick, tmp);
+  INFO("safe: " << good.out << good.err);
+  CHECK(good.status == 0);
+  CHECK_FALSE(has_non_finite(read_npy(safe + "/o.npy")));
+}
+
+TEST_CASE("programs: a GPU step with no CUDA device exits 3", "[programs]") {
+  std::string why;
+  if (cuda_device_count(&why) > 0) {
+    SUCCEED("a CUDA device is present; the no-device path is not exercised here");
+    return;
+  }
+  TempDir tmp;
+  int n = 0;
+  for (const Rung& rung : rungs()) {
+    if (!rung.step || rung.step->device != Device::cuda) continue;
+    ++n;
+    // A problem the step supports in every other way, so only the missing device is wrong.
+    const Capabilities& c = rung.step->caps;
+    const int64_t dim = !c.head_dims.empty()
+                            ? c.head_dims.front()
+                            : (c.max_dim > 0 ? std::min<int64_t>(64, c.max_dim) : 64);
+    const std::string save = tmp / (rung.name + "_save");
+    const Run r = run_step(rung.name,
+                           "--batch 1 --heads 2 --seq-q 17 --seq-k 23 --dim " +
+                               std::to_string(dim) + " --save " + quote(save) + kQuick,
+                           tmp);
+    INFO(rung.name << ": " << r.out << r.err);
+    CHECK(r.status == 3);
+    CHECK(files_under(save).empty());
+  }
+  if (n == 0) SUCCEED("no GPU step was built");
+}

@@ -1,1 +1,320 @@
+// The oracle (steps/00_cpu_reference) checked without trusting it:
+//  - its forward against a brute-force triple loop in long double written here, no Eigen;
+//  - its gradients against central finite differences of L = sum(O o G), where G is dO;
+//  - plain_attention, the yardstick of the harness's tolerance, against the oracle: small
+//    but non-zero error in fp32, larger in fp16 and larger still in bf16.
 #include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "inputs.hpp"
+#include "problem.hpp"
+#include "reference.hpp"
+
+using namespace ladder;
+using LD = long double;
+
+namespace {
+
+Problem make_problem(int64_t b, int64_t h, int64_t hkv, int64_t m, int64_t n, int64_t d,
+                     bool causal, double scale = 0, uint64_t seed = 1) {
+  Problem p;
+  p.batch = b;
+  p.heads = h;
+  p.heads_kv = hkv;
+  p.seq_q = m;
+  p.seq_k = n;
+  p.dim = d;
+  p.causal = causal;
+  p.scale = scale;
+  p.seed = seed;
+  p.dtype = DType::f64;
+  return p;
+}
+
+std::vector<LD> widen(const Tensor& t) {
+  return std::vector<LD>(t.data.begin(), t.data.end());
+}
+
+struct Forward {
+  std::vector<LD> o, lse;
+  int64_t masked_rows = 0;
+};
+
+// Attention straight from the definition, in long double, one (batch, head, query) at a
+// time. Deliberately shares nothing with the oracle: its own indexing, mask and scale.
+Forward brute_forward(const Problem& p, const std::vector<LD>& q, const std::vector<LD>& k,
+                      const std::vector<LD>& v) {
+  const int64_t B = p.batch, H = p.heads, Hkv = p.heads_kv, M = p.seq_q, N = p.seq_k, d = p.dim;
+  const LD scale = p.scale != 0 ? LD(p.scale) : 1.0L / std::sqrt(LD(d));
+  Forward f;
+  f.o.assign(size_t(B * H * M * d), 0.0L);
+  f.lse.assign(size_t(B * H * M), 0.0L);
+  std::vector<LD> s(static_cast<size_t>(N));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t hk = h / (H / Hkv);
+      for (int64_t i = 0; i < M; ++i) {
+        const int64_t row = (b * H + h) * M + i;
+        LD m = -std::numeric_limits<LD>::infinity();
+        for (int64_t j = 0; j < N; ++j) {
+          if (p.causal && j > i + N - M) continue;  // bottom-right: j visible iff j <= i + N - M
+          LD dot = 0;
+          for (int64_t c = 0; c < d; ++c)
+            dot += q[size_t(row * d + c)] * k[size_t(((b * Hkv + hk) * N + j) * d + c)];
+          s[size_t(j)] = scale * dot;
+          m = std::max(m, s[size_t(j)]);
+        }
+        if (std::isinf(m)) {  // no visible key
+          f.lse[size_t(row)] = -std::numeric_limits<LD>::infinity();
+          ++f.masked_rows;
+          continue;
+        }
+        LD l = 0;
+        for (int64_t j = 0; j < N; ++j) {
+          if (p.causal && j > i + N - M) continue;
+          const LD e = std::exp(s[size_t(j)] - m);
+          l += e;
+          for (int64_t c = 0; c < d; ++c)
+            f.o[size_t(row * d + c)] += e * v[size_t(((b * Hkv + hk) * N + j) * d + c)];
+        }
+        for (int64_t c = 0; c < d; ++c) f.o[size_t(row * d + c)] /= l;
+        f.lse[size_t(row)] = m + std::log(l);
+      }
+    }
+  return f;
+}
+
+// max |got - want| / max |want| over elements where want is finite; NaN in got counts as
+// an infinite error.
+double rel_error(const std::vector<double>& got, const std::vector<LD>& want) {
+  LD max_abs = 0, max_ref = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(want[i])) continue;
+    if (!std::isfinite(got[i])) return std::numeric_limits<double>::infinity();
+    max_abs = std::max(max_abs, std::fabs(LD(got[i]) - want[i]));
+    max_ref = std::max(max_ref, std::fabs(want[i]));
+  }
+  return double(max_abs / std::max(max_ref, LD(1e-300)));
+}
+
+// Equal up to a few units of float64 roundoff (a different block of rows may take Eigen
+// down another kernel), and -inf only where the other is -inf.
+bool same(double a, double b) {
+  if (std::isinf(b)) return a == b;
+  return std::fabs(a - b) <= 1e-14 * std::max(1.0, std::fabs(b));
+}
+
+double max_abs_of(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("oracle forward agrees with a long-double triple loop", "[reference]") {
+  struct C {
+    const char* name;
+    Problem p;
+    InputKind kind;
+  };
+  const std::vector<C> cases = {
+      {"plain 5x7 d4", make_problem(1, 2, 2, 5, 7, 4, false), InputKind::normal},
+      {"causal square 9x9", make_problem(1, 2, 2, 9, 9, 8, true), InputKind::normal},
+      {"GQA 4->2 causal 6x11", make_problem(1, 4, 2, 6, 11, 5, true), InputKind::normal},
+      {"MQA 4->1 12x7", make_problem(1, 4, 1, 12, 7, 6, false), InputKind::normal},
+      {"causal seq_q < seq_k 3x10", make_problem(1, 2, 1, 3, 10, 4, true), InputKind::normal},
+      {"causal seq_q > seq_k 10x4 (masked rows)", make_problem(1, 4, 2, 10, 4, 3, true),
+       InputKind::normal},
+      {"explicit scale 0.3", make_problem(1, 2, 2, 7, 9, 4, false, 0.3), InputKind::normal},
+      {"batch 2 GQA causal 8x5", make_problem(2, 4, 2, 8, 5, 4, true), InputKind::normal},
+      {"seq 1x1", make_problem(1, 1, 1, 1, 1, 3, true), InputKind::normal},
+      {"large logits", make_problem(1, 2, 2, 14, 19, 16, false), InputKind::large},
+      {"large logits causal 19x14", make_problem(2, 2, 1, 19, 14, 16, true), InputKind::large},
+  };
+  for (const C& c : cases) {
+    INFO(c.name << ": " << c.p.describe());
+    const Inputs in = make_inputs(c.p, c.kind);
+    Outputs out = Outputs::poisoned(c.p);
+    reference::attention(c.p, in, out);
+    const Forward want = brute_forward(c.p, widen(in.q), widen(in.k), widen(in.v));
+
+    // The mask itself: causal rows i < M - N see no key, in every batch and head.
+    const int64_t expect_masked =
+        c.p.causal ? c.p.batch * c.p.heads * std::max<int64_t>(0, c.p.seq_q - c.p.seq_k) : 0;
+    REQUIRE(want.masked_rows == expect_masked);
+
+    CHECK(rel_error(out.o.data, want.o) <= 1e-12);
+    CHECK(rel_error(out.lse.data, want.lse) <= 1e-12);
+    CHECK(max_abs_of(out.o.data) > 0.1);  // not trivially zero
+    int64_t masked = 0;
+    for (int64_t r = 0; r < c.p.rows(); ++r) {
+      if (!std::isinf(want.lse[size_t(r)])) continue;
+      ++masked;
+      CHECK(out.lse.data[size_t(r)] == -std::numeric_limits<double>::infinity());
+      for (int64_t x = 0; x < c.p.dim; ++x) CHECK(out.o.data[size_t(r * c.p.dim + x)] == 0.0);
+    }
+    CHECK(masked == expect_masked);
+  }
+}
+
+TEST_CASE("oracle gradients agree with central finite differences", "[reference]") {
+  struct C {
+    const char* name;
+    Problem p;
+  };
+  const std::vector<C> cases = {
+      {"GQA 2->1 causal 5x7 d4", make_problem(1, 2, 1, 5, 7, 4, true, 0, 3)},
+      {"causal seq_q > seq_k 7x4 d3, batch 2 (masked rows)",
+       make_problem(2, 2, 2, 7, 4, 3, true, 0, 4)},
+      {"GQA 4->2 3x6 d2, scale 0.7", make_problem(1, 4, 2, 3, 6, 2, false, 0.7, 5)},
+  };
+  for (const C& c : cases) {
+    Problem p = c.p;
+    p.backward = true;
+    INFO(c.name << ": " << p.describe());
+    const Inputs in = make_inputs(p);  // in.dout is G, the fixed weights of the loss
+    Outputs out = Outputs::poisoned(p);
+    reference::attention(p, in, out);
+
+    std::vector<LD> x[3] = {widen(in.q), widen(in.k), widen(in.v)};
+    const std::vector<LD> G = widen(in.dout);
+    auto loss = [&] {
+      const Forward f = brute_forward(p, x[0], x[1], x[2]);
+      LD L = 0;
+      for (size_t e = 0; e < G.size(); ++e) L += f.o[e] * G[e];
+      return L;
+    };
+    const Tensor* grads[3] = {&out.dq, &out.dk, &out.dv};
+    const char* names[3] = {"dQ", "dK", "dV"};
+    for (int t = 0; t < 3; ++t) {
+      INFO(names[t]);
+      std::vector<LD> fd(x[t].size());
+      for (size_t e = 0; e < x[t].size(); ++e) {
+        const LD x0 = x[t][e];
+        const LD h = 1e-5L * std::max(LD(1), std::fabs(x0));
+        x[t][e] = x0 + h;
+        const LD up = loss();
+        x[t][e] = x0 - h;
+        const LD down = loss();
+        x[t][e] = x0;
+        fd[e] = (up - down) / (2 * h);
+      }
+      const double err = rel_error(grads[t]->data, fd);
+      INFO("finite-difference rel err " << err);
+      CHECK(err <= 1e-7);
+      CHECK(max_abs_of(grads[t]->data) > 1e-2);  // a real gradient, not zeros matching zeros
+    }
+
+    // Rows with no visible key get exactly zero dQ (and contribute nothing to dK, dV,
+    // which the finite differences above already cover).
+    int64_t masked = 0;
+    for (int64_t r = 0; r < p.rows(); ++r) {
+      if (p.visible_keys(r % p.seq_q) != 0) continue;
+      ++masked;
+      for (int64_t e = 0; e < p.dim; ++e) CHECK(out.dq.data[size_t(r * p.dim + e)] == 0.0);
+    }
+    CHECK(masked == (p.causal ? p.batch * p.heads * std::max<int64_t>(0, p.seq_q - p.seq_k) : 0));
+  }
+}
+
+TEST_CASE("the oracle's sampled rows equal its full computation", "[reference]") {
+  Problem p = make_problem(1, 4, 2, 23, 17, 8, true, 0, 9);
+  p.backward = true;
+  const Inputs in = make_inputs(p);
+  Outputs full = Outputs::poisoned(p), part = Outputs::poisoned(p);
+  reference::attention(p, in, full);
+  const std::vector<int64_t> rows = {0, 5, 6, 22};  // 0..5 see no key (M - N = 6)
+  reference::attention(p, in, part, &rows);
+  for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
+    for (int64_t i = 0; i < p.seq_q; ++i) {
+      const bool selected = std::find(rows.begin(), rows.end(), i) != rows.end();
+      const int64_t r = bh * p.seq_q + i;
+      INFO("row " << r << (selected ? " (selected)" : ""));
+      if (selected) {
+        CHECK(same(part.lse.data[size_t(r)], full.lse.data[size_t(r)]));
+      } else {
+        CHECK(std::isnan(part.lse.data[size_t(r)]));  // left untouched
+      }
+      for (int64_t c = 0; c < p.dim; ++c) {
+        const size_t e = size_t(r * p.dim + c);
+        if (selected) {
+          CHECK(same(part.o.data[e], full.o.data[e]));
+          CHECK(same(part.dq.data[e], full.dq.data[e]));
+        } else {
+          CHECK(std::isnan(part.o.data[e]));
+        }
+      }
+    }
+  // dK and dV need every query row: the sampled form must not pretend to have them.
+  for (double x : part.dk.data) REQUIRE(std::isnan(x));
+  for (double x : part.dv.data) REQUIRE(std::isnan(x));
+}
+
+TEST_CASE("plain_attention: the tolerance yardstick scales with the dtype", "[reference]") {
+  // Inputs rounded to bf16, so every precision starts from the same values.
+  Problem p = make_problem(1, 2, 1, 37, 53, 32, true, 0, 11);
+  p.backward = true;
+  p.dtype = DType::bf16;
+  const Inputs in = make_inputs(p);
+  Outputs ref = Outputs::poisoned(p);
+  reference::attention(p, in, ref);
+
+  const char* names[5] = {"O", "LSE", "dQ", "dK", "dV"};
+  auto errors = [&](DType t) {
+    Outputs got = Outputs::poisoned(p);
+    reference::plain_attention(p, in, t, got);
+    const Tensor* g[5] = {&got.o, &got.lse, &got.dq, &got.dk, &got.dv};
+    const Tensor* r[5] = {&ref.o, &ref.lse, &ref.dq, &ref.dk, &ref.dv};
+    std::vector<double> e(5);
+    for (int k = 0; k < 5; ++k) e[size_t(k)] = rel_error(g[k]->data, widen(*r[k]));
+    return e;
+  };
+  const std::vector<double> e32 = errors(DType::f32), e16 = errors(DType::f16),
+                            ebf16 = errors(DType::bf16);
+  for (int k = 0; k < 5; ++k) {
+    INFO(names[k] << ": fp32 " << e32[size_t(k)] << ", fp16 " << e16[size_t(k)] << ", bf16 "
+                  << ebf16[size_t(k)]);
+    CHECK(e32[size_t(k)] > 0);  // a float32 computation really happened
+    CHECK(e32[size_t(k)] < 1e-5);
+    CHECK(e16[size_t(k)] > 4 * e32[size_t(k)]);
+    CHECK(ebf16[size_t(k)] > 2 * e16[size_t(k)]);  // bf16 keeps 3 fewer mantissa bits than fp16
+    CHECK(ebf16[size_t(k)] > 100 * e32[size_t(k)]);
+    CHECK(ebf16[size_t(k)] < 0.1);  // still attention, not noise
+  }
+}
+
+TEST_CASE("plain_attention: rows with no visible key", "[reference]") {
+  Problem p = make_problem(1, 2, 2, 9, 5, 8, true, 0, 13);
+  p.backward = true;
+  const Inputs in = make_inputs(p);
+  for (DType t : {DType::f32, DType::f16, DType::bf16}) {
+    INFO(dtype_name(t));
+    Outputs got = Outputs::poisoned(p);
+    reference::plain_attention(p, in, t, got);
+    for (int64_t r = 0; r < p.rows(); ++r) {
+      const bool masked = p.visible_keys(r % p.seq_q) == 0;
+      if (masked)
+        CHECK(got.lse.data[size_t(r)] == -std::numeric_limits<double>::infinity());
+      else
+        CHECK(std::isfinite(got.lse.data[size_t(r)]));
+      for (int64_t c = 0; c < p.dim; ++c) {
+        const size_t e = size_t(r * p.dim + c);
+        if (masked) {
+          CHECK(got.o.data[e] == 0.0);
+          CHECK(got.dq.data[e] == 0.0);
+        } else {
+          CHECK(std::isfinite(got.o.data[e]));
+          CHECK(std::isfinite(got.dq.data[e]));
+        }
+      }
+    }
+    for (const Tensor* g : {&got.dk, &got.dv})
+      for (double x : g->data) CHECK(std::isfinite(x));
+  }
+}
