@@ -94,10 +94,10 @@ RunOptions resolve_run_options(const Step& s, const CommonOptions& o) {
 
 CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const RunOptions& ro,
                        CheckMode mode) {
-  const std::string why = s.unsupported(p);
-  if (!why.empty()) throw BadInput(why);
   const std::string bad_variant = s.unknown_variant(ro.variant);
   if (!bad_variant.empty()) throw BadInput(bad_variant);
+  const std::string why = s.unsupported(p, ro.variant);
+  if (!why.empty()) throw BadInput(why);
   CheckedRun c;
   c.out = Outputs::poisoned(p);
   c.result = s.run(p, in, c.out, ro);
@@ -133,6 +133,8 @@ int run_step_cli(const Step& s, const CommonOptions& o) {
       throw BadInput("--tile-q and --tile-k must be >= 0 (0: the step's choice)");
     const std::string bad_variant = s.unknown_variant(ro.variant);
     if (!bad_variant.empty()) throw BadInput(bad_variant);
+    const std::string why_variant = s.unsupported(p, ro.variant);
+    if (!why_variant.empty()) throw BadInput(why_variant);
     if (!o.save.empty() && std::filesystem::exists(o.save) &&
         !std::filesystem::is_directory(o.save))
       throw BadInput("--save " + o.save + ": exists and is not a directory");

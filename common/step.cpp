@@ -5,8 +5,23 @@
 
 namespace ladder {
 
-std::string Step::unsupported(const Problem& p) const {
+std::string Step::unsupported(const Problem& p, const std::string& variant) const {
   std::ostringstream e;
+  for (const Variant& v : variants) {
+    if (v.name != variant) continue;
+    const bool dtype_ok =
+        v.dtypes.empty() || std::find(v.dtypes.begin(), v.dtypes.end(), p.dtype) != v.dtypes.end();
+    const bool dim_ok = v.head_dims.empty() || std::find(v.head_dims.begin(), v.head_dims.end(),
+                                                         p.dim) != v.head_dims.end();
+    if (dtype_ok && dim_ok) break;
+    e << "variant '" << v.name << "' of step " << name << " is built for";
+    for (DType t : (v.dtypes.empty() ? caps.dtypes : v.dtypes)) e << " " << dtype_name(t);
+    e << " with --dim";
+    for (int64_t d : (v.head_dims.empty() ? caps.head_dims : v.head_dims)) e << " " << d;
+    e << " only (the default variant '" << variants.front().name << "' covers "
+      << capabilities_str() << ")";
+    return e.str();
+  }
   if (std::find(caps.dtypes.begin(), caps.dtypes.end(), p.dtype) == caps.dtypes.end()) {
     e << "step " << name << " does not support dtype " << dtype_name(p.dtype) << "; it supports";
     for (DType t : caps.dtypes) e << " " << dtype_name(t);

@@ -28,6 +28,10 @@ struct Capabilities {
 struct Variant {
   std::string name, summary;
   bool checked = true;
+  // Where a variant is built for fewer dtypes or head dims than the step (e.g. step 06's
+  // teaching variants: bf16, d 64 and 128 only). Empty: everything the step supports.
+  std::vector<DType> dtypes = {};
+  std::vector<int64_t> head_dims = {};
 };
 
 struct RunOptions {
@@ -59,8 +63,9 @@ struct Step {
   RunFn run;
 
   DType default_dtype() const { return caps.dtypes.front(); }
-  // Empty if the step can run p (ignoring the device), else why not and what it supports.
-  std::string unsupported(const Problem& p) const;
+  // Empty if the step (and, if named, its variant) can run p, ignoring the device; else why
+  // not and what is supported.
+  std::string unsupported(const Problem& p, const std::string& variant = "") const;
   // Empty if `v` names a variant (or is empty), else the list of variants.
   std::string unknown_variant(const std::string& v) const;
   std::string capabilities_str() const;

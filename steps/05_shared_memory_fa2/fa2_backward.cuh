@@ -1,0 +1,219 @@
+// Step 05, part 2 of 3: the FA2 backward (FlashAttention-2, Algorithm 2), fp32.
+//   pre-pass    D_i = rowsum(dO_i o O_i)                        bwd_prepass (also zeroes dQ_acc)
+//   main        one block per (K/V tile j, K/V head, batch); dK_j, dV_j in registers;
+//               for every query head h of the group, for every Q tile i that sees K_j:
+//                 S_ij  = Q_i K_j^T,   P_ij = exp(scale S_ij - LSE_i)   (recomputed from LSE)
+//                 dV_j += P_ij^T dO_i
+//                 dP_ij = dO_i V_j^T,  dS_ij = P_ij o (dP_ij - D_i)
+//                 dK_j += dS_ij^T Q_i  (times scale at the end)
+//                 dQ_i += dS_ij K_j    (fp32 atomicAdd into dQ_acc: other blocks add to it too)
+//   post-pass   dQ = scale * dQ_acc                              bwd_dq
+// The thread layout is the forward's (fa2_forward.cuh) with 256 threads, Br = Bc = 64:
+//   S_ij, dP_ij:  rows ty + 16a (a < 4), keys tx + 16b (b < 4)        abt_tile<D, 4>
+//   dV_j, dK_j:   keys 4ty + a (a < 4), columns 2tx + 32c (+1)         atb_tile below
+//   dQ_i:         rows ty + 16a (a < 4), columns 2tx + 32c (+1)        pv_tile<D, 4>
+#pragma once
+#include "fa2_forward.cuh"
+
+namespace ladder {
+namespace fa2 {
+
+constexpr int kBwdThreads = 256;
+constexpr int kBrBwd = 64;                            // query rows per Q tile in the backward
+constexpr int kBwdTM = kBrBwd / (kBwdThreads / kTX);  // 4 rows of S_ij per thread
+static_assert(kBwdTM == 4 && kBc / 4 == kBwdThreads / kTX, "atb_tile's 4 keys per thread");
+
+struct BwdArgs {
+  const float* __restrict__ q;
+  const float* __restrict__ k;
+  const float* __restrict__ v;
+  const float* __restrict__ o;
+  const float* __restrict__ dout;
+  const float* __restrict__ lse;
+  const float* __restrict__ lse_lo;  // LSE's rounding residual (store_lse)
+  const float* __restrict__ dsum;    // D_i
+  float* __restrict__ dq_acc;        // fp32, [B, H, M, D], zeroed by the pre-pass
+  float* __restrict__ dk;
+  float* __restrict__ dv;
+  int M, N, H, group;
+  float scale;
+  bool causal;
+};
+
+// D_i = dO_i . O_i, one thread per row, summed over k in order with one fmaf per term: the
+// order in which abt_tile sums dP_ij = dO_i . V_j. Where a row sees a single key, P_ij = 1 and
+// O_i = V_j exactly, so dP_ij - D_i is exactly 0 and so are dS_ij, dQ_i, dK_j, as in the
+// float64 reference; a tree sum here would leave rounding noise of ~1e-7 where 0 is exact.
+// The block also zeroes its rows of dQ_acc for the atomics (coalesced: consecutive threads,
+// consecutive float4s).
+__global__ void __launch_bounds__(256)
+    bwd_prepass(const float* __restrict__ dout, const float* __restrict__ o,
+                float* __restrict__ dsum, float* __restrict__ dq_acc, int64_t rows, int d) {
+  const int64_t row0 = int64_t(blockIdx.x) * blockDim.x, row = row0 + threadIdx.x;
+  if (row < rows) {
+    float acc = 0.f;
+    for (int c = 0; c < d; c += 4) {
+      const float4 x = __ldg(reinterpret_cast<const float4*>(dout + row * d + c));
+      const float4 y = __ldg(reinterpret_cast<const float4*>(o + row * d + c));
+      acc = fmaf(x.x, y.x, acc);
+      acc = fmaf(x.y, y.y, acc);
+      acc = fmaf(x.z, y.z, acc);
+      acc = fmaf(x.w, y.w, acc);
+    }
+    dsum[row] = acc;
+  }
+  const int64_t mine = rows - row0 < blockDim.x ? rows - row0 : blockDim.x, n4 = mine * d / 4;
+  float4* zero = reinterpret_cast<float4*>(dq_acc + row0 * d);
+  for (int64_t x = threadIdx.x; x < n4; x += blockDim.x) zero[x] = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+// dQ = scale * dQ_acc, into the (poisoned) output.
+__global__ void bwd_dq(const float* __restrict__ dq_acc, float* __restrict__ dq, int64_t n,
+                       float scale) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t x = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; x < n; x += stride)
+    dq[x] = scale * dq_acc[x];
+}
+
+// acc += A^T X on a 4 x (D/16) micro-tile: rows (keys) 4*ty + a of A^T, i.e. columns of A
+// (kBrBwd x kBc, kLdP-strided), columns 2*tx + 32*c (+1) of X (kBrBwd x D, kLd-strided);
+// summed over the query rows in order. Per row: one float4 of A (the two row groups of a warp
+// read 32 consecutive bytes) and D/32 float2s of X (16 lanes, 128 consecutive bytes).
+// dV_j += P_ij^T dO_i and dK_j += dS_ij^T Q_i.
+template <int D>
+__device__ __forceinline__ void atb_tile(float (&acc)[4][D / 16], const float* A, const float* X,
+                                         int ty, int tx) {
+  constexpr int ldp = Layout<D>::kLdP, ld = Layout<D>::kLd;
+#pragma unroll 1  // as in abt_tile: registers, not instructions, limit the blocks per SM
+  for (int i = 0; i < kBrBwd; ++i) {
+    const float4 av = ld4(A + i * ldp + 4 * ty);
+#pragma unroll
+    for (int c = 0; c < D / 32; ++c) {
+      const float2 x = ld2(X + i * ld + 2 * tx + 32 * c);
+#pragma unroll
+      for (int a = 0; a < 4; ++a) {
+        const float p = lane_of(av, a);
+        acc[a][2 * c] = fmaf(p, x.x, acc[a][2 * c]);
+        acc[a][2 * c + 1] = fmaf(p, x.y, acc[a][2 * c + 1]);
+      }
+    }
+  }
+}
+
+// Shared memory: [Q_i][dO_i][K_j][V_j]: kBrBwd or kBc rows of kLd; [P_ij][dS_ij]: kBrBwd rows
+// of kLdP; [LSE_i][LSE_lo_i][D_i]: kBrBwd floats each.
+template <int D>
+constexpr size_t bwd_smem_bytes() {
+  using L = Layout<D>;
+  return sizeof(float) *
+         size_t((2 * kBrBwd + 2 * kBc) * L::kLd + 2 * kBrBwd * L::kLdP + 3 * kBrBwd);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kBwdThreads) fa2_backward(BwdArgs a) {
+  using L = Layout<D>;
+  extern __shared__ float4 smem4[];
+  const int tid = threadIdx.x, tx = tid % kTX, ty = tid / kTX;
+  float* Qs = reinterpret_cast<float*>(smem4);
+  float* dOs = Qs + kBrBwd * L::kLd;
+  float* Ks = dOs + kBrBwd * L::kLd;
+  float* Vs = Ks + kBc * L::kLd;
+  float* Ps = Vs + kBc * L::kLd;
+  float* dSs = Ps + kBrBwd * L::kLdP;
+  float* Ls = dSs + kBrBwd * L::kLdP;  // LSE_i, with -inf (and rows past M) as +inf: P = 0
+  float* Lo = Ls + kBrBwd;             // LSE_lo_i
+  float* Ds = Lo + kBrBwd;             // D_i
+
+  const int jt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, j0 = jt * kBc;
+  const int Hkv = a.H / a.group, keys = min(kBc, a.N - j0);
+  const size_t kv_off = ((size_t(b) * Hkv + hk) * a.N + j0) * D;
+  load_tiles<D, 2>(
+      {TileCopy{Ks, a.k + kv_off, L::kLd, keys}, TileCopy{Vs, a.v + kv_off, L::kLd, keys}}, kBc,
+      tid, kBwdThreads);
+
+  float dk[4][L::kCols] = {}, dv[4][L::kCols] = {};
+  // Causal: rows i < j0 - (N - M) see no key of this tile; their Q tiles are skipped.
+  const int it0 = a.causal ? max(0, j0 - (a.N - a.M)) / kBrBwd : 0;
+  const int tr = (a.M + kBrBwd - 1) / kBrBwd;
+  // GQA: the group's query heads all read K_j, V_j, so this block sums their contributions
+  // to dK_j, dV_j on chip: no atomics for dK, dV.
+  for (int g = 0; g < a.group; ++g) {
+    const size_t q_head = (size_t(b) * a.H + hk * a.group + g) * a.M;
+    for (int it = it0; it < tr; ++it) {
+      const int i0 = it * kBrBwd, rows = min(kBrBwd, a.M - i0);
+      const size_t q_off = (q_head + i0) * D;
+      __syncthreads();  // the last Q tile is done with Q_i, dO_i, P_ij, dS_ij, L_i, D_i
+      load_tiles<D, 2>(
+          {TileCopy{Qs, a.q + q_off, L::kLd, rows}, TileCopy{dOs, a.dout + q_off, L::kLd, rows}},
+          kBrBwd, tid, kBwdThreads);
+      if (tid < kBrBwd) {
+        const float lse = tid < rows ? a.lse[q_head + i0 + tid] : -INFINITY;
+        // exp(S - (+inf)) = 0 for every finite S: a row with no visible key (LSE = -inf) or
+        // past the end gets P = 0 with no test per element, and never -inf - -inf = NaN.
+        Ls[tid] = lse == -INFINITY ? INFINITY : lse;
+        Lo[tid] = tid < rows ? a.lse_lo[q_head + i0 + tid] : 0.f;
+        Ds[tid] = tid < rows ? a.dsum[q_head + i0 + tid] : 0.f;
+      }
+      __syncthreads();
+
+      float s[4][kTN] = {}, dp[4][kTN] = {};
+      abt_tile<D, 4>(s, Qs, ty, kTX, Ks, tx);    // S_ij = Q_i K_j^T
+      abt_tile<D, 4>(dp, dOs, ty, kTX, Vs, tx);  // dP_ij = dO_i V_j^T
+      const bool mask = j0 + kBc > a.N || (a.causal && j0 + kBc - 1 > i0 + a.N - a.M);
+      // EXERCISE BEGIN backward-ds
+      // For each element of this thread's micro-tile (row ty + 16r, key tx + 16c): P_ij from
+      // S_ij and the saved LSE + LSE_lo (Ls holds +inf for rows with none, so P = 0 there), 0 where
+      // the tile's mask hides the key; then dS_ij = P_ij (dP_ij - D_i). Store P_ij into Ps and
+      // dS_ij into dSs at [row * kLdP + key].
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int i = ty + kTX * r;
+        const float lse = Ls[i], lo = Lo[i], di = Ds[i];
+#pragma unroll
+        for (int c = 0; c < kTN; ++c) {
+          const int j = tx + kTX * c;
+          const bool hidden = mask && (j0 + j >= a.N || (a.causal && j0 + j > i0 + i + a.N - a.M));
+          // scale * S rounded as in the forward (scale_and_mask), then LSE and its residual.
+          const float p = hidden ? 0.f : expf((__fmul_rn(s[r][c], a.scale) - lse) - lo);
+          Ps[i * L::kLdP + j] = p;
+          dSs[i * L::kLdP + j] = p * (dp[r][c] - di);
+        }
+      }
+      // EXERCISE END
+      __syncthreads();  // P_ij and dS_ij are complete
+
+      atb_tile<D>(dv, Ps, dOs, ty, tx);  // dV_j += P_ij^T dO_i
+      atb_tile<D>(dk, dSs, Qs, ty, tx);  // dK_j += dS_ij^T Q_i
+      float dq[4][L::kCols] = {};
+      pv_tile<D, 4>(dq, dSs, ty, kTX, Ks, L::kLd, tx);  // dQ_i (this tile's part) = dS_ij K_j
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int i = ty + kTX * r;
+        if (i >= rows) continue;
+        float* acc = a.dq_acc + q_off + size_t(i) * D + 2 * tx;
+#pragma unroll
+        for (int c = 0; c < D / 32; ++c) {
+          atomicAdd(acc + 32 * c, dq[r][2 * c]);
+          atomicAdd(acc + 32 * c + 1, dq[r][2 * c + 1]);
+        }
+      }
+    }
+  }
+
+  // dK_j = scale * sum dS^T Q, dV_j = sum P^T dO: written once, by the only block that owns them.
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int j = 4 * ty + r;
+    if (j >= keys) continue;
+    const size_t row = kv_off + size_t(j) * D + 2 * tx;
+#pragma unroll
+    for (int c = 0; c < D / 32; ++c) {
+      *reinterpret_cast<float2*>(a.dk + row + 32 * c) =
+          make_float2(a.scale * dk[r][2 * c], a.scale * dk[r][2 * c + 1]);
+      *reinterpret_cast<float2*>(a.dv + row + 32 * c) = make_float2(dv[r][2 * c], dv[r][2 * c + 1]);
+    }
+  }
+}
+
+}  // namespace fa2
+}  // namespace ladder

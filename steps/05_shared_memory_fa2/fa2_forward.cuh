@@ -1,0 +1,438 @@
+// Step 05, part 1 of 3: the tile machinery and the forward kernels (FA2 and FA1 loop orders).
+// Read shared_memory_fa2.cu's header first; part 2 is fa2_backward.cuh, part 3 the host code
+// at the bottom of shared_memory_fa2.cu.
+//
+// Thread layout, shared by every kernel of this step. A tile S_ij = Q_i K_j^T (Br x Bc) is
+// computed by a grid of kTX x TY threads; thread (ty, tx) owns a kTM x kTN micro-tile of it:
+//   query rows  ty + TY*a  (a < kTM)      keys  tx + kTX*b  (b < kTN)
+// and the same rows of O_i, columns 2*tx + 32*c and 2*tx + 32*c + 1 (c < d/32).
+// The kTX = 16 threads that share a row are one half warp, so a row's max and sum are four
+// shuffles; interleaving rows and keys (instead of giving a thread a contiguous block) is what
+// makes the shared-memory reads below conflict-free (see Layout).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+namespace ladder {
+namespace fa2 {
+
+constexpr int kTX = 16;           // threads across a row of S: a half warp
+constexpr int kTN = 4;            // keys per thread
+constexpr int kBc = kTX * kTN;    // keys per K/V tile: 64, compiled into the layout
+constexpr int kTM = 8;            // query rows per thread in the forward
+constexpr int kBrStep = 2 * kTM;  // Br granularity: a warp holds two row groups (ty even, odd)
+constexpr int kBrMax = 128;       // forward: threads = kTX * Br / kTM = 2 * Br <= 256
+constexpr int kFwdMaxThreads = kTX * kBrMax / kTM;
+constexpr unsigned kFull = 0xffffffffu;
+
+// Shared-memory row strides (floats). Q_i and K_j rows are padded by 4 floats: consecutive rows
+// then start 4 banks apart, so the 16-byte reads of 8 consecutive rows cover all 32 banks once
+// (d is a multiple of 32, so without the pad every row would start in bank 0). P_ij rows are
+// padded by 16: the two row groups of a warp (rows R and R+1) then sit 16 banks apart, and
+// their scalar writes and 16-byte reads never collide. V_j rows are read whole and in order by
+// 16 lanes (the other half warp reads the same addresses: a broadcast), so they need no pad in
+// the forward; the backward reads V_j like K_j and pads it the same way.
+template <int D>
+struct Layout {
+  static_assert(D % 32 == 0, "d must be a multiple of 32");
+  static constexpr int kLd = D + 4;      // Q_i, K_j (and, in the backward, dO_i, V_j)
+  static constexpr int kLdP = kBc + 16;  // P_ij, dS_ij
+  static constexpr int kCols = D / 16;   // O_i columns per thread
+};
+
+__device__ __forceinline__ float4 ld4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+__device__ __forceinline__ float2 ld2(const float* p) {
+  return *reinterpret_cast<const float2*>(p);
+}
+__device__ __forceinline__ float lane_of(const float4& v,
+                                         int u) {  // u is a constant after unrolling
+  return u == 0 ? v.x : u == 1 ? v.y : u == 2 ? v.z : v.w;
+}
+
+// Max and sum over the 16 threads that share a row (a half warp; xor offsets < 16 stay in it).
+__device__ __forceinline__ float row_max(float x) {
+  for (int o = kTX / 2; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(kFull, x, o));
+  return x;
+}
+__device__ __forceinline__ float row_sum(float x) {
+  for (int o = kTX / 2; o > 0; o /= 2) x += __shfl_xor_sync(kFull, x, o);
+  return x;
+}
+
+// One tile copy: `rows` rows of D floats, row-major in global memory at `src`, into shared
+// memory at `dst` with row stride `ld`; rows at or past `valid` are zero-filled (a zero K or V
+// row is harmless once its score is masked; garbage could be NaN, and 0 * NaN = NaN).
+struct TileCopy {
+  float* dst;
+  const float* src;
+  int ld, valid;
+};
+
+// All threads copy kCopies tiles of the same shape together, 16 bytes per load (coalesced:
+// consecutive threads take consecutive float4s of a row). Each thread first issues kBatch
+// loads per tile, then stores them, so kCopies * kBatch loads are in flight at once instead
+// of one round trip to HBM per float4 (step 06 does this with cp.async instead).
+template <int D, int kCopies>
+__device__ __forceinline__ void load_tiles(const TileCopy (&c)[kCopies], int rows, int tid,
+                                           int nthreads) {
+  constexpr int kVec = D / 4, kBatch = 4;
+  const int total = rows * kVec;
+  for (int base = tid; base < total; base += kBatch * nthreads) {
+    float4 r[kCopies][kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int idx = base + u * nthreads, row = idx / kVec, col = idx % kVec * 4;
+#pragma unroll
+      for (int t = 0; t < kCopies; ++t)
+        r[t][u] = idx < total && row < c[t].valid
+                      ? __ldg(reinterpret_cast<const float4*>(c[t].src + size_t(row) * D + col))
+                      : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int idx = base + u * nthreads, row = idx / kVec, col = idx % kVec * 4;
+      if (idx < total)
+#pragma unroll
+        for (int t = 0; t < kCopies; ++t)
+          *reinterpret_cast<float4*>(c[t].dst + row * c[t].ld + col) = r[t][u];
+    }
+  }
+}
+
+// acc += A B^T on a TM x kTN micro-tile: rows r0 + rstep*a of A, rows (keys) tx + kTX*b of B,
+// both Layout<D>::kLd-strided in shared memory. Each step over k reads one float4 of each of
+// the TM + kTN rows and does 4 * TM * kTN FMAs; every dot product is summed over k in order.
+// S_ij = Q_i K_j^T in the forward; S_ij and dP_ij = dO_i V_j^T in the backward.
+template <int D, int TM>
+__device__ __forceinline__ void abt_tile(float (&acc)[TM][kTN], const float* A, int r0, int rstep,
+                                         const float* B, int tx) {
+  constexpr int ld = Layout<D>::kLd;
+  const float* a_rows = A + r0 * ld;
+  const float* b_rows = B + tx * ld;
+  // Not unrolled: one step is already 4 * TM * kTN independent FMAs. Unrolling by 4 lets ptxas
+  // hoist the next steps' loads into registers: 190 instead of 128 at d = 64, which halves the
+  // blocks that fit on an SM.
+#pragma unroll 1
+  for (int k = 0; k < D; k += 4) {
+    float4 bv[kTN];
+#pragma unroll
+    for (int b = 0; b < kTN; ++b) bv[b] = ld4(b_rows + b * kTX * ld + k);
+#pragma unroll
+    for (int a = 0; a < TM; ++a) {
+      const float4 av = ld4(a_rows + a * rstep * ld + k);
+#pragma unroll
+      for (int b = 0; b < kTN; ++b) {
+        acc[a][b] = fmaf(av.x, bv[b].x, acc[a][b]);
+        acc[a][b] = fmaf(av.y, bv[b].y, acc[a][b]);
+        acc[a][b] = fmaf(av.z, bv[b].z, acc[a][b]);
+        acc[a][b] = fmaf(av.w, bv[b].w, acc[a][b]);
+      }
+    }
+  }
+}
+
+// acc += P X on a TM x (D/16) micro-tile: rows r0 + rstep*a of P (kBc columns, kLdP-strided),
+// columns 2*tx + 32*c (+1) of X (kBc rows, ldx-strided). Per 4 keys: TM float4s of P and
+// 4 * D/32 float2s of X for 4 * TM * D/16 FMAs; summed over the keys in order.
+// O_i += P_ij V_j in the forward; dQ_i += dS_ij K_j in the backward.
+template <int D, int TM>
+__device__ __forceinline__ void pv_tile(float (&acc)[TM][D / 16], const float* P, int r0, int rstep,
+                                        const float* X, int ldx, int tx) {
+  constexpr int ldp = Layout<D>::kLdP;
+  const float* p_rows = P + r0 * ldp;
+  const float* x_cols = X + 2 * tx;
+#pragma unroll 1  // as in abt_tile: registers, not instructions, limit the blocks per SM
+  for (int j = 0; j < kBc; j += 4) {
+    float4 pv[TM];
+#pragma unroll
+    for (int a = 0; a < TM; ++a) pv[a] = ld4(p_rows + a * rstep * ldp + j);
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int c = 0; c < D / 32; ++c) {
+        const float2 x = ld2(x_cols + (j + u) * ldx + 32 * c);
+#pragma unroll
+        for (int a = 0; a < TM; ++a) {
+          const float p = lane_of(pv[a], u);
+          acc[a][2 * c] = fmaf(p, x.x, acc[a][2 * c]);
+          acc[a][2 * c + 1] = fmaf(p, x.y, acc[a][2 * c + 1]);
+        }
+      }
+  }
+}
+
+// What every forward kernel needs to know. Q, O: [B, H, M, D]; K, V: [B, Hkv, N, D];
+// LSE, LSE_lo: [B, H, M]. group = H / Hkv: query head h reads K/V head h / group.
+struct FwdArgs {
+  const float* __restrict__ q;
+  const float* __restrict__ k;
+  const float* __restrict__ v;
+  float* __restrict__ o;
+  float* __restrict__ lse;
+  float* __restrict__ lse_lo;  // for the backward: see store_lse
+  int M, N, H, group, Br;
+  float scale;
+  bool causal;
+};
+
+// LSE_i = m_i + log l_i, stored as the float LSE (the output) plus the rounding residual
+// LSE_lo = (m_i + log l_i) - LSE (Fast2Sum: exact when |m_i| >= log l_i, the case where it
+// matters). The backward recomputes P_ij = exp(S_ij - LSE_i): at |LSE| ~ 300, rounding LSE to
+// float alone is an error of up to 1.5e-5 in every P_ij of the row, 100x float's rounding of
+// P_ij itself, and it shows in dV where softmax is nearly one-hot. No visible key (l = 0):
+// LSE = -inf, LSE_lo = 0.
+__device__ __forceinline__ void store_lse(float* lse, float* lse_lo, float m, float l) {
+  if (l > 0.f) {
+    const float log_l = logf(l), hi = m + log_l;
+    *lse = hi;
+    *lse_lo = log_l - (hi - m);
+  } else {
+    *lse = -INFINITY;
+    *lse_lo = 0.f;
+  }
+}
+
+// Scales this thread's scores and, on a tile that needs it, masks them: a key past the end of
+// the sequence, or (causal) past the row's last visible key i + N - M, gets S_ij = -inf.
+// __fmul_rn: scale * S rounded on its own, never fused with the later "- m" into an FMA, so the
+// backward (which recomputes it the same way) sees the very same S_ij. A row with a single
+// visible key then has S_ij - LSE_i = 0 and P_ij = exp(0) = 1 exactly in both passes.
+__device__ __forceinline__ void scale_and_mask(float (&s)[kTM][kTN], const FwdArgs& a, bool mask,
+                                               int i0, int j0, int ty, int TY, int tx) {
+#pragma unroll
+  for (int r = 0; r < kTM; ++r)
+#pragma unroll
+    for (int b = 0; b < kTN; ++b) {
+      const int i = i0 + ty + TY * r, j = j0 + tx + kTX * b;
+      const bool hidden = mask && (j >= a.N || (a.causal && j > i + a.N - a.M));
+      s[r][b] = hidden ? -INFINITY : __fmul_rn(s[r][b], a.scale);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// FA2 forward: one block per (Q tile i, head h, batch b), Br = 2 * blockDim.x / kTX rows.
+// Q_i stays in shared memory for the whole loop over K/V tiles j; m_i, l_i and the
+// unnormalised O_i stay in registers; O_i / l_i and LSE_i = m_i + log l_i are written once.
+// Shared memory: [Q_i: Br x kLd][K_j: Bc x kLd, reused for P_ij][V_j: Bc x D].
+template <int D>
+__global__ void __launch_bounds__(kFwdMaxThreads) fa2_forward(FwdArgs a) {
+  using L = Layout<D>;
+  extern __shared__ float4 smem4[];
+  const int Br = a.Br, TY = Br / kTM, tid = threadIdx.x, tx = tid % kTX, ty = tid / kTX;
+  float* Qs = reinterpret_cast<float*>(smem4);
+  float* Ks = Qs + Br * L::kLd;
+  float* Ps = Ks;  // P_ij overwrites K_j once S_ij is in registers
+  float* Vs = Ks + max(kBc * L::kLd, Br * L::kLdP);
+
+  // Causal: the last Q tiles see the most keys; launching them first shortens the tail.
+  const int it = a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int i0 = it * Br, h = blockIdx.y, b = blockIdx.z, hk = h / a.group;
+  const int rows = min(Br, a.M - i0);
+  const size_t q_off = (size_t(b) * a.H + h) * a.M + i0;  // first row of Q_i, O_i, LSE_i
+  const size_t kv_off = (size_t(b) * (a.H / a.group) + hk) * a.N;
+  const float* K = a.k + kv_off * D;
+  const float* V = a.v + kv_off * D;
+
+  // K/V tiles this Q tile needs: keys up to the last row's last visible key (all when not
+  // causal). Tiles past it are fully masked for every row here and are never loaded.
+  const int n_vis = a.causal ? min(a.N, max(0, i0 + rows + a.N - a.M)) : a.N;
+  const int tc = (n_vis + kBc - 1) / kBc;
+
+  load_tiles<D, 1>({TileCopy{Qs, a.q + q_off * D, L::kLd, rows}}, Br, tid, blockDim.x);
+
+  float m[kTM], l[kTM], o[kTM][L::kCols];  // l: this thread's share of the row sum
+#pragma unroll
+  for (int r = 0; r < kTM; ++r) {
+    m[r] = -INFINITY, l[r] = 0.f;
+#pragma unroll
+    for (int c = 0; c < L::kCols; ++c) o[r][c] = 0.f;
+  }
+
+  for (int jt = 0; jt < tc; ++jt) {
+    const int j0 = jt * kBc;
+    __syncthreads();  // everyone is done with the last tile's P_ij (in K's buffer) and V_j
+    load_tiles<D, 2>({TileCopy{Ks, K + size_t(j0) * D, L::kLd, a.N - j0},
+                      TileCopy{Vs, V + size_t(j0) * D, D, a.N - j0}},
+                     kBc, tid, blockDim.x);
+    __syncthreads();  // K_j, V_j (and, the first time, Q_i) are in shared memory
+
+    float s[kTM][kTN] = {};
+    abt_tile<D, kTM>(s, Qs, ty, TY, Ks, tx);  // S_ij = Q_i K_j^T
+    // Only a tile that straddles the diagonal (its last key is past the first row's last
+    // visible key i0 + N - M) or the end of the sequence needs the mask.
+    const bool mask = j0 + kBc > a.N || (a.causal && j0 + kBc - 1 > i0 + a.N - a.M);
+    scale_and_mask(s, a, mask, i0, j0, ty, TY, tx);
+
+    // EXERCISE BEGIN online-update
+    // For each of this thread's rows r: the tile's row max (over the 16 threads of the row),
+    // m_new = max(m_i, that); P_ij = exp(S_ij - m_new) in s; rescale l_i and O_i by
+    // exp(m_i - m_new) and add this thread's P_ij to l_i. A row with nothing visible yet has
+    // m_new = -inf: shift by 0 instead, so exp(-inf - 0) = 0 rather than exp(-inf + inf) = NaN.
+#pragma unroll
+    for (int r = 0; r < kTM; ++r) {
+      float mx = s[r][0];
+#pragma unroll
+      for (int b = 1; b < kTN; ++b) mx = fmaxf(mx, s[r][b]);
+      const float m_new = fmaxf(m[r], row_max(mx));
+      const float shift = m_new == -INFINITY ? 0.f : m_new;
+      const float alpha = expf(m[r] - shift);  // rescales what was summed under the old max
+      float sum = 0.f;
+#pragma unroll
+      for (int b = 0; b < kTN; ++b) {
+        s[r][b] = expf(s[r][b] - shift);
+        sum += s[r][b];
+      }
+      l[r] = alpha * l[r] + sum;  // partial: the row's 16 threads are summed once, at the end
+#pragma unroll
+      for (int c = 0; c < L::kCols; ++c) o[r][c] *= alpha;
+      m[r] = m_new;
+    }
+    // EXERCISE END
+
+    __syncthreads();  // everyone has read K_j: P_ij may overwrite it
+#pragma unroll
+    for (int r = 0; r < kTM; ++r)
+#pragma unroll
+      for (int b = 0; b < kTN; ++b) Ps[(ty + TY * r) * L::kLdP + tx + kTX * b] = s[r][b];
+    __syncthreads();                            // P_ij is complete
+    pv_tile<D, kTM>(o, Ps, ty, TY, Vs, D, tx);  // O_i += P_ij V_j (unnormalised)
+  }
+
+  // Deferred normalisation: one division per row. l = 0 means no visible key: O = 0, LSE = -inf.
+#pragma unroll
+  for (int r = 0; r < kTM; ++r) {
+    const float l_row = row_sum(l[r]);  // all 16 lanes take part, so before the bounds check
+    const int i = ty + TY * r;
+    if (i >= rows) continue;
+    const float inv_l = l_row > 0.f ? 1.f / l_row : 0.f;
+    float* out = a.o + (q_off + i) * D + 2 * tx;
+#pragma unroll
+    for (int c = 0; c < D / 32; ++c)
+      *reinterpret_cast<float2*>(out + 32 * c) =
+          make_float2(o[r][2 * c] * inv_l, o[r][2 * c + 1] * inv_l);
+    if (tx == 0) store_lse(a.lse + q_off + i, a.lse_lo + q_off + i, m[r], l_row);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// FA1 loop order (the `fa1` variant), for comparison: one block per (head, batch), K/V tiles
+// j outer, Q tiles i inner (FlashAttention-1, Algorithm 1). O_i, m_i and l_i live in HBM and
+// are read and written back for every K/V tile; O_i is kept normalised after every tile:
+//   O_i <- diag(l_new)^-1 (diag(l_i) exp(m_i - m_new) O_i + P_ij V_j),  P_ij = exp(S_ij - m_new).
+// Needs fa1_init (O = 0, m = -inf, l = 0) before and fa1_lse after.
+// Shared memory: [Q_i: Br x kLd, reused for P_ij][K_j: Bc x kLd][V_j: Bc x D].
+template <int D>
+__global__ void __launch_bounds__(kFwdMaxThreads)
+    fa1_forward(FwdArgs a, float* __restrict__ m_hbm, float* __restrict__ l_hbm) {
+  using L = Layout<D>;
+  extern __shared__ float4 smem4[];
+  const int Br = a.Br, TY = Br / kTM, tid = threadIdx.x, tx = tid % kTX, ty = tid / kTX;
+  float* Qs = reinterpret_cast<float*>(smem4);
+  float* Ps = Qs;  // Q_i is reloaded for every (j, i): P_ij may overwrite it
+  float* Ks = Qs + max(Br * L::kLd, Br * L::kLdP);
+  float* Vs = Ks + kBc * L::kLd;
+
+  const int h = blockIdx.x, b = blockIdx.y, hk = h / a.group;
+  const size_t q_head = (size_t(b) * a.H + h) * a.M;
+  const size_t kv_off = (size_t(b) * (a.H / a.group) + hk) * a.N;
+  const int tr = (a.M + Br - 1) / Br, tc = (a.N + kBc - 1) / kBc;
+
+  for (int jt = 0; jt < tc; ++jt) {
+    const int j0 = jt * kBc;
+    __syncthreads();  // the last (j, i) is done with V_j and P_ij
+    load_tiles<D, 2>({TileCopy{Ks, a.k + (kv_off + j0) * D, L::kLd, a.N - j0},
+                      TileCopy{Vs, a.v + (kv_off + j0) * D, D, a.N - j0}},
+                     kBc, tid, blockDim.x);
+    // Causal: rows i < j0 - (N - M) see no key of this tile; their Q tiles are skipped.
+    const int it0 = a.causal ? max(0, j0 - (a.N - a.M)) / Br : 0;
+    for (int it = it0; it < tr; ++it) {
+      const int i0 = it * Br, rows = min(Br, a.M - i0);
+      __syncthreads();  // the last i is done with P_ij (in Q's buffer)
+      load_tiles<D, 1>({TileCopy{Qs, a.q + (q_head + i0) * D, L::kLd, rows}}, Br, tid, blockDim.x);
+      // This thread's rows of O_i, m_i, l_i, from HBM.
+      float m[kTM], l[kTM], o[kTM][L::kCols];
+#pragma unroll
+      for (int r = 0; r < kTM; ++r) {
+        const int i = ty + TY * r;
+        const size_t row = q_head + i0 + i;
+        m[r] = i < rows ? m_hbm[row] : -INFINITY;
+        l[r] = i < rows ? l_hbm[row] : 0.f;
+#pragma unroll
+        for (int c = 0; c < D / 32; ++c) {
+          const float2 x = i < rows ? ld2(a.o + row * D + 2 * tx + 32 * c) : make_float2(0.f, 0.f);
+          o[r][2 * c] = x.x, o[r][2 * c + 1] = x.y;
+        }
+      }
+      __syncthreads();  // Q_i (and K_j, V_j) are in shared memory
+
+      float s[kTM][kTN] = {};
+      abt_tile<D, kTM>(s, Qs, ty, TY, Ks, tx);
+      const bool mask = j0 + kBc > a.N || (a.causal && j0 + kBc - 1 > i0 + a.N - a.M);
+      scale_and_mask(s, a, mask, i0, j0, ty, TY, tx);
+#pragma unroll
+      for (int r = 0; r < kTM; ++r) {
+        float mx = s[r][0];
+#pragma unroll
+        for (int b = 1; b < kTN; ++b) mx = fmaxf(mx, s[r][b]);
+        const float m_new = fmaxf(m[r], row_max(mx));
+        const float shift = m_new == -INFINITY ? 0.f : m_new;
+        const float alpha = expf(m[r] - shift);
+        float sum = 0.f;
+#pragma unroll
+        for (int b = 0; b < kTN; ++b) {
+          s[r][b] = expf(s[r][b] - shift);
+          sum += s[r][b];
+        }
+        const float l_new = alpha * l[r] + row_sum(sum);  // FA1 needs the whole row sum now
+        const float undo = alpha * l[r];  // the stored O_i was divided by l_i: undo, rescale
+#pragma unroll
+        for (int c = 0; c < L::kCols; ++c) o[r][c] *= undo;
+        m[r] = m_new, l[r] = l_new;
+      }
+      __syncthreads();  // everyone has read Q_i: P_ij may overwrite it
+#pragma unroll
+      for (int r = 0; r < kTM; ++r)
+#pragma unroll
+        for (int b = 0; b < kTN; ++b) Ps[(ty + TY * r) * L::kLdP + tx + kTX * b] = s[r][b];
+      __syncthreads();
+      pv_tile<D, kTM>(o, Ps, ty, TY, Vs, D, tx);
+
+      // Normalise and write O_i, m_i, l_i back to HBM.
+#pragma unroll
+      for (int r = 0; r < kTM; ++r) {
+        const int i = ty + TY * r;
+        if (i >= rows) continue;
+        const size_t row = q_head + i0 + i;
+        const float inv_l = l[r] > 0.f ? 1.f / l[r] : 0.f;
+#pragma unroll
+        for (int c = 0; c < D / 32; ++c)
+          *reinterpret_cast<float2*>(a.o + row * D + 2 * tx + 32 * c) =
+              make_float2(o[r][2 * c] * inv_l, o[r][2 * c + 1] * inv_l);
+        if (tx == 0) m_hbm[row] = m[r], l_hbm[row] = l[r];
+      }
+    }
+  }
+}
+
+// FA1's initialisation in HBM: O = 0, m = -inf, l = 0 (rows no K/V tile reaches keep them).
+__global__ void fa1_init(float* __restrict__ o, float* __restrict__ m, float* __restrict__ l,
+                         int64_t rows, int d) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t x = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; x < rows * d; x += stride) {
+    o[x] = 0.f;
+    if (x < rows) m[x] = -INFINITY, l[x] = 0.f;
+  }
+}
+
+// LSE_i = m_i + log l_i (and its residual), or -inf for a row with no visible key (l_i = 0).
+__global__ void fa1_lse(const float* __restrict__ m, const float* __restrict__ l,
+                        float* __restrict__ lse, float* __restrict__ lse_lo, int64_t rows) {
+  const int64_t x = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (x < rows) store_lse(lse + x, lse_lo + x, m[x], l[x]);
+}
+
+}  // namespace fa2
+}  // namespace ladder

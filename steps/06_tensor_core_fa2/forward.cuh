@@ -1,0 +1,487 @@
+// The forward kernel of step 06: FlashAttention-2 on mma.sync tensor cores, one kernel
+// whose template flags switch each technique off for the variants (tensor_core_fa2.cu).
+//
+// One block per (Q tile i, head h, batch b); Br = kWarps * 16 * kSlices query rows. Warp w
+// owns rows [w * 16 * kSlices, (w + 1) * 16 * kSlices) of the tile: kSlices m16 slices, whose
+// S, m_i, l_i and O_i live in its registers, so no reduction ever crosses warps.
+//   for j in the K/V tiles this Q tile can see (Bc keys each):
+//     wait for K_j, V_j; barrier; start the copy of K_{j+1}, V_{j+1} (cp.async, other stage)
+//     S = Q_i K_j^T               mma.sync, A = Q_i via ldmatrix, B = K_j via ldmatrix
+//     mask (only tiles that straddle the diagonal or the end of the keys)
+//     m_new = max(m_i, rowmax S)  quad shuffles: the 4 lanes of a row hold its 2*Bc/8 columns
+//     P = exp2(S * scale*log2e - m_new * scale*log2e)   one FFMA + one ex2 per element
+//     l_i = alpha l_i + rowsum P  per thread; the quad adds its partial sums once at the end
+//     O_i = alpha O_i + P V_j     A = P straight from the S registers, B = V_j via ldmatrix.trans
+//   O_i /= l_i (one division per row), LSE_i = scale * m_i + log l_i; O_i staged through
+//   shared memory for 16-byte coalesced stores.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "exercise.hpp"
+#include "mma.cuh"
+
+namespace ladder::tc {
+
+struct FwdParams {
+  const void* q;                      // [B, H, M, d] in T
+  const void* k;                      // [B, Hkv, N, d]
+  const void* v;                      // [B, Hkv, N, d]
+  void* o;                            // [B, H, M, d]
+  float* lse;                         // [B, H, M], natural log
+  int batch, heads, heads_kv, group;  // group = heads / heads_kv query heads per K/V head
+  int seq_q, seq_k;
+  float scale;       // > 0: the host folds a negative scale into Q (exact)
+  float scale_log2;  // scale * log2(e)
+  bool causal;
+};
+
+// One bit per technique; a variant is the full kernel with some bits cleared.
+enum FwdFlag : int {
+  kSwizzle = 1,       // XOR-swizzled shared tiles (else plain row-major)
+  kCpAsync = 2,       // cp.async into two K/V stages (else synchronous loads, one stage)
+  kLdmatrix = 4,      // ldmatrix(.trans) fragments (else 32- and 16-bit shared loads)
+  kPInRegisters = 8,  // P reused from the S registers (else written to and read from smem)
+  kStagedStore = 16,  // O through shared memory, 16-byte stores (else 4-byte fragment stores)
+  kFwdAll = 31,
+};
+
+// Tile shape per head dim. The constraints: 255 registers per thread hold the fp32 O_i
+// (kSlices * d / 2 per thread) and S (kSlices * Bc / 2); shared memory holds Q_i and two
+// stages of K_j, V_j. Two m16 slices per warp let every K/V fragment read from shared
+// memory feed two mma instructions, which keeps ldmatrix traffic under the tensor cores'
+// appetite; d = 256 has no registers for that and uses 8 warps of one slice.
+// kQKUnroll: how many k16 steps of S = Q_i K_j^T are unrolled. Fully, except at d = 128,
+// where ptxas, given all 8, runs so far ahead with fragment loads that 255 registers spill;
+// 4 steps are 64 columns, one swizzle period, so the rolled loop's addresses just step by
+// 128 bytes and cost nothing.
+template <int D>
+struct FwdTiles;
+template <>
+struct FwdTiles<32> {
+  static constexpr int kWarps = 4, kSlices = 2, kBc = 128, kQKUnroll = 2;
+};
+template <>
+struct FwdTiles<64> {
+  static constexpr int kWarps = 4, kSlices = 2, kBc = 128, kQKUnroll = 4;
+};
+template <>
+struct FwdTiles<96> {
+  static constexpr int kWarps = 4, kSlices = 2, kBc = 64, kQKUnroll = 6;
+};
+template <>
+struct FwdTiles<128> {
+  static constexpr int kWarps = 4, kSlices = 2, kBc = 64, kQKUnroll = 4;
+};
+template <>
+struct FwdTiles<256> {
+  static constexpr int kWarps = 8, kSlices = 1, kBc = 64, kQKUnroll = 16;
+};
+
+template <class T, int D, int kFlags>
+struct FwdConfig {
+  static constexpr int kD = D;
+  static constexpr int kWarps = FwdTiles<D>::kWarps, kSlices = FwdTiles<D>::kSlices;
+  static constexpr int kBr = kWarps * 16 * kSlices, kBc = FwdTiles<D>::kBc;
+  static constexpr int kQKUnroll = FwdTiles<D>::kQKUnroll;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr bool kSwz = kFlags & kSwizzle, kAsync = kFlags & kCpAsync,
+                        kLdsm = kFlags & kLdmatrix, kPRegs = kFlags & kPInRegisters,
+                        kStage = kFlags & kStagedStore;
+  static constexpr int kStages = kAsync ? 2 : 1;
+  using QKV = SmemLayout<D, kSwz>;   // Q_i, K_j, V_j (and O_i on its way out): rows of d
+  using PL = SmemLayout<kBc, kSwz>;  // P_ij, only without kPInRegisters: rows of Bc
+  static constexpr int kSmemElems = kBr * D + 2 * kStages * kBc * D + (kPRegs ? 0 : kBr * kBc);
+  static constexpr int kSmemBytes = kSmemElems * int(sizeof(T));
+  static_assert(D % 16 == 0 && kBc % 16 == 0 && (D / 8) % 2 == 0, "mma k16 steps, n8 pairs");
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an H100 block can have");
+};
+
+// ---- fragment loads from shared tiles (layout L), by ldmatrix or by plain loads ----
+
+template <class T>
+__device__ __forceinline__ uint32_t ld_b32(const T* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+template <class T>
+__device__ __forceinline__ uint32_t ld_b16(const T* p) {
+  return *reinterpret_cast<const uint16_t*>(p);
+}
+
+// A operand: the 16x16 block at (r0, c0) of a row-major tile (Q_i or P_ij).
+template <class L, bool kLdsm, class T>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* tile, int r0, int c0, int lane) {
+  if constexpr (kLdsm) {
+    // matrices: rows r0..+7 | r0+8..+15, then the same at c0 + 8; lane -> row lane % 16
+    ldmatrix_x4(a, tile + L::at(r0 + (lane & 15), c0 + (lane >> 4) * 8));
+  } else {
+    const int g = lane >> 2, t = lane & 3;
+    a[0] = ld_b32(tile + L::at(r0 + g, c0 + 2 * t));
+    a[1] = ld_b32(tile + L::at(r0 + g + 8, c0 + 2 * t));
+    a[2] = ld_b32(tile + L::at(r0 + g, c0 + 8 + 2 * t));
+    a[3] = ld_b32(tile + L::at(r0 + g + 8, c0 + 8 + 2 * t));
+  }
+}
+
+// Two B operands from a tile stored [n][k] (K_j: key rows, head-dim columns; B = K_j^T):
+// b[0..1] for the n8 tile at n0, b[2..3] for n0 + 8, both over k = k0..k0+15.
+template <class L, bool kLdsm, class T>
+__device__ __forceinline__ void load_b_nk(uint32_t (&b)[4], const T* tile, int n0, int k0,
+                                          int lane) {
+  if constexpr (kLdsm) {
+    // The same lane -> address map as load_a: matrices (n0, k0) (n0+8, k0) (n0, k0+8)
+    // (n0+8, k0+8). Rows are n, so no transpose; the registers come out as b0 of tile n0,
+    // b0 of tile n0+8, b1 of n0, b1 of n0+8.
+    uint32_t r[4];
+    ldmatrix_x4(r, tile + L::at(n0 + (lane & 15), k0 + (lane >> 4) * 8));
+    b[0] = r[0], b[1] = r[2], b[2] = r[1], b[3] = r[3];
+  } else {
+    const int g = lane >> 2, t = lane & 3;
+    b[0] = ld_b32(tile + L::at(n0 + g, k0 + 2 * t));
+    b[1] = ld_b32(tile + L::at(n0 + g, k0 + 8 + 2 * t));
+    b[2] = ld_b32(tile + L::at(n0 + 8 + g, k0 + 2 * t));
+    b[3] = ld_b32(tile + L::at(n0 + 8 + g, k0 + 8 + 2 * t));
+  }
+}
+
+// Two B operands from a tile stored [k][n] (V_j: key rows = k, head-dim columns = n):
+// b[0..1] for the n8 tile at n0, b[2..3] for n0 + 8, over k = k0..k0+15. A thread needs two
+// elements of one column from adjacent rows: ldmatrix.trans delivers exactly that.
+template <class L, bool kLdsm, class T>
+__device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const T* tile, int k0, int n0,
+                                          int lane) {
+  if constexpr (kLdsm) {
+    // matrices: (k0, n0) (k0+8, n0) (k0, n0+8) (k0+8, n0+8), each transposed on the way
+    ldmatrix_x4_trans(b, tile + L::at(k0 + (lane & 15), n0 + (lane >> 4) * 8));
+  } else {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int k = k0 + (r & 1) * 8 + 2 * t, n = n0 + (r >> 1) * 8 + g;
+      b[r] = ld_b16(tile + L::at(k, n)) | (ld_b16(tile + L::at(k + 1, n)) << 16);
+    }
+  }
+}
+
+// Rows [row0, row0 + kRows) of a [rows, d] matrix into a shared tile; rows past `rows` are
+// zero-filled (so 0 * V stays 0 for masked keys). Consecutive threads take consecutive
+// 16-byte chunks of a row: a warp reads whole 128-byte lines of global memory.
+template <class C, int kRows, class T>
+__device__ __forceinline__ void load_tile(T* tile, const T* src, int row0, int rows, int tid) {
+  constexpr int kRowChunks = C::kD / 8, kChunks = kRows * kRowChunks;
+  static_assert(kChunks % C::kThreads == 0, "every thread copies the same number of chunks");
+  // When a pass of the block covers whole rows (all d but 96), a thread keeps its column
+  // chunk and steps down by a multiple of 8 rows: the same swizzle, constant offsets.
+  constexpr bool kFixedColumn = C::kThreads % kRowChunks == 0;
+  const T* base = src + size_t(row0) * C::kD;
+  rows -= row0;  // rows left from row0 on (>= 1)
+#pragma unroll
+  for (int it = 0; it < kChunks / C::kThreads; ++it) {
+    const int idx = it * C::kThreads + tid;
+    const int r =
+        kFixedColumn ? it * (C::kThreads / kRowChunks) + tid / kRowChunks : idx / kRowChunks;
+    const int c = kFixedColumn ? tid % kRowChunks : idx % kRowChunks;
+    const bool ok = r < rows;
+    const T* from = base + (min(r, rows - 1) * C::kD + c * 8);  // skipped rows: any valid address
+    T* to = tile + C::QKV::at(r, c * 8);
+    if constexpr (C::kAsync) {
+      cp_async_16(to, from, ok);
+    } else {
+      *reinterpret_cast<uint4*>(to) =
+          ok ? *reinterpret_cast<const uint4*>(from) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+}
+
+template <class T, int D, int kFlags>
+__global__ void __launch_bounds__(FwdConfig<T, D, kFlags>::kThreads)
+    flash_fwd_kernel(const FwdParams p) {
+  using C = FwdConfig<T, D, kFlags>;
+  using QKV = typename C::QKV;
+  constexpr int kBr = C::kBr, kBc = C::kBc, kS = C::kSlices;
+  constexpr int kNT = kBc / 8;  // n8 tiles of S per slice
+  constexpr int kDT = D / 8;    // n8 tiles of O per slice
+  constexpr float kNegInf = -INFINITY;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);  // Br x d, later O_i
+  T* sK = sQ + kBr * D;                // kStages x Bc x d
+  T* sV = sK + C::kStages * kBc * D;   // kStages x Bc x d
+  T* sP = sV + C::kStages * kBc * D;   // Br x Bc (p-via-smem only)
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;  // the mma fragment coordinates of this lane
+  const int M = p.seq_q, N = p.seq_k;
+  // Causal tiles near the end of the sequence see the most keys: launch them first, so the
+  // last wave of blocks is made of short ones.
+  const int i0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kBr;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const size_t bh = size_t(b) * p.heads + h, bhk = size_t(b) * p.heads_kv + h / p.group;
+  const T* Q = static_cast<const T*>(p.q) + bh * M * D;
+  const T* K = static_cast<const T*>(p.k) + bhk * N * D;
+  const T* V = static_cast<const T*>(p.v) + bhk * N * D;
+  T* O = static_cast<T*>(p.o) + bh * M * D;
+  float* LSE = p.lse + bh * M;
+
+  // Keys this tile sees: all N, or under the bottom-right causal mask (key j visible to
+  // query i iff j <= i + N - M) up to the last row's last visible key. Tiles past it are
+  // never loaded. Tiles below n_unmasked are visible to every row: no mask there.
+  const int last_row = min(i0 + kBr, M) - 1;
+  const int n_end = p.causal ? max(0, min(N, last_row + 1 + N - M)) : N;
+  const int n_tiles = (n_end + kBc - 1) / kBc;
+  const int n_unmasked = (p.causal ? max(0, min(N, i0 + 1 + N - M)) : N) / kBc;
+
+  const int w_row0 = warp * 16 * kS;  // this warp's first row within the tile
+  float acc_o[kS][kDT][4];            // O_i, unnormalised
+  float row_m[kS][2], row_l[kS][2];   // m_i, l_i of rows g and g + 8 of each slice
+#pragma unroll
+  for (int mi = 0; mi < kS; ++mi) {
+#pragma unroll
+    for (int nd = 0; nd < kDT; ++nd)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[mi][nd][e] = 0.f;
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) row_m[mi][rh] = kNegInf, row_l[mi][rh] = 0.f;
+  }
+
+  if (n_tiles > 0) {
+    load_tile<C, kBr>(sQ, Q, i0, M, tid);
+    load_tile<C, kBc>(sK, K, 0, N, tid);
+    load_tile<C, kBc>(sV, V, 0, N, tid);
+    if constexpr (C::kAsync) cp_async_commit();
+
+    for (int j = 0; j < n_tiles; ++j) {
+      // K_j, V_j (and at j = 0, Q_i) have landed for every thread, and every warp is done
+      // with tile j - 1, whose stage the next copy overwrites.
+      if constexpr (C::kAsync) cp_async_wait_all();
+      __syncthreads();
+      const int stage = C::kStages == 2 ? (j & 1) : 0;
+      if constexpr (C::kAsync) {
+        if (j + 1 < n_tiles) {  // overlaps with all of this tile's compute
+          const int next = (j + 1) & 1;
+          load_tile<C, kBc>(sK + next * kBc * D, K, (j + 1) * kBc, N, tid);
+          load_tile<C, kBc>(sV + next * kBc * D, V, (j + 1) * kBc, N, tid);
+          cp_async_commit();
+        }
+      }
+      const T* sKj = sK + stage * kBc * D;
+      const T* sVj = sV + stage * kBc * D;
+
+      // S = Q_i K_j^T, fp32 accumulators in the mma C layout.
+      float s[kS][kNT][4];
+#pragma unroll
+      for (int mi = 0; mi < kS; ++mi)
+#pragma unroll
+        for (int nj = 0; nj < kNT; ++nj)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mi][nj][e] = 0.f;
+#pragma unroll C::kQKUnroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[kS][4];
+#pragma unroll
+        for (int mi = 0; mi < kS; ++mi)
+          load_a<QKV, C::kLdsm>(a[mi], sQ, w_row0 + mi * 16, kk * 16, lane);
+#pragma unroll
+        for (int nj = 0; nj < kNT; nj += 2) {
+          uint32_t bk[4];
+          load_b_nk<QKV, C::kLdsm>(bk, sKj, nj * 8, kk * 16, lane);
+#pragma unroll
+          for (int mi = 0; mi < kS; ++mi) {
+            mma_16816<T>(s[mi][nj], a[mi], bk[0], bk[1]);
+            mma_16816<T>(s[mi][nj + 1], a[mi], bk[2], bk[3]);
+          }
+        }
+      }
+
+      // Mask: keys past N, and under causal keys past row + N - M, become -inf. Only tiles
+      // that straddle the diagonal or the end of the keys pay for it.
+      if (j >= n_unmasked) {
+#pragma unroll
+        for (int mi = 0; mi < kS; ++mi)
+#pragma unroll
+          for (int rh = 0; rh < 2; ++rh) {
+            const int row = i0 + w_row0 + mi * 16 + g + rh * 8;
+            const int limit = p.causal ? min(N, row + 1 + N - M) : N;  // first hidden key
+#pragma unroll
+            for (int nj = 0; nj < kNT; ++nj)
+#pragma unroll
+              for (int e = 0; e < 2; ++e)
+                if (j * kBc + nj * 8 + 2 * t + e >= limit) s[mi][nj][2 * rh + e] = kNegInf;
+          }
+      }
+
+      // Online softmax, rows g and g + 8 of each slice. The 4 lanes of a quad (same g)
+      // hold all Bc columns of their rows, 2 per n8 tile: two xor-shuffles give the max.
+#pragma unroll
+      for (int mi = 0; mi < kS; ++mi)
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) {
+          float mx = row_m[mi][rh];
+#pragma unroll
+          for (int nj = 0; nj < kNT; ++nj)
+            mx = fmaxf(mx, fmaxf(s[mi][nj][2 * rh], s[mi][nj][2 * rh + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          // A row that has seen only masked keys keeps m = -inf; subtract 0 then, so that
+          // exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
+          const float mx_scaled = mx == kNegInf ? 0.f : mx * p.scale_log2;
+          const float alpha = fast_exp2(row_m[mi][rh] * p.scale_log2 - mx_scaled);
+          row_m[mi][rh] = mx;
+          float sum = 0.f;
+#pragma unroll
+          for (int nj = 0; nj < kNT; ++nj)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              // exp(scale * (s - m)) = exp2(s * scale*log2e - m * scale*log2e): one FFMA
+              const float pe = fast_exp2(fmaf(s[mi][nj][2 * rh + e], p.scale_log2, -mx_scaled));
+              s[mi][nj][2 * rh + e] = pe;
+              sum += pe;
+            }
+          row_l[mi][rh] = alpha * row_l[mi][rh] + sum;  // this thread's columns only
+#pragma unroll
+          for (int nd = 0; nd < kDT; ++nd) {
+            acc_o[mi][nd][2 * rh] *= alpha;
+            acc_o[mi][nd][2 * rh + 1] *= alpha;
+          }
+        }
+
+      // O_i += P V_j. The C fragment of S tiles 2kk and 2kk + 1 (rows g, g + 8; columns
+      // 2t, 2t + 1 of each) is, packed to 16 bits, the A fragment of P's k16 step kk.
+      if constexpr (!C::kPRegs) {  // p-via-smem: the round trip the register reuse avoids
+#pragma unroll
+        for (int mi = 0; mi < kS; ++mi)
+#pragma unroll
+          for (int nj = 0; nj < kNT; ++nj)
+#pragma unroll
+            for (int rh = 0; rh < 2; ++rh)
+              *reinterpret_cast<uint32_t*>(
+                  sP + C::PL::at(w_row0 + mi * 16 + g + rh * 8, nj * 8 + 2 * t)) =
+                  pack2<T>(s[mi][nj][2 * rh], s[mi][nj][2 * rh + 1]);
+        __syncwarp();  // a warp reads only its own rows of P
+      }
+#pragma unroll
+      for (int kk = 0; kk < kBc / 16; ++kk) {
+        uint32_t a[kS][4];
+#pragma unroll
+        for (int mi = 0; mi < kS; ++mi) {
+          if constexpr (C::kPRegs) {
+            // EXERCISE BEGIN p-fragment
+            // Fill a[mi][0..3], the A fragment of P for keys 16kk..16kk+15 of slice mi, from
+            // this lane's S registers s[mi][nj][0..3] (C layout: [0], [1] = row g, columns
+            // 2t, 2t+1 of n8 tile nj; [2], [3] = row g+8). A layout: a[0] = row g, columns
+            // 2t, 2t+1; a[1] = row g+8, same columns; a[2], a[3] = the same 8 columns on.
+            // Pack each pair with pack2<T>(lower column, higher column).
+            a[mi][0] = pack2<T>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
+            a[mi][1] = pack2<T>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
+            a[mi][2] = pack2<T>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
+            a[mi][3] = pack2<T>(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
+            // EXERCISE END
+          } else {
+            load_a<typename C::PL, C::kLdsm>(a[mi], sP, w_row0 + mi * 16, kk * 16, lane);
+          }
+        }
+#pragma unroll
+        for (int nd = 0; nd < kDT; nd += 2) {
+          uint32_t bv[4];
+          load_b_kn<QKV, C::kLdsm>(bv, sVj, kk * 16, nd * 8, lane);
+#pragma unroll
+          for (int mi = 0; mi < kS; ++mi) {
+            mma_16816<T>(acc_o[mi][nd], a[mi], bv[0], bv[1]);
+            mma_16816<T>(acc_o[mi][nd + 1], a[mi], bv[2], bv[3]);
+          }
+        }
+      }
+
+      if constexpr (!C::kAsync) {  // no-cp-async: one stage, loaded only after everyone is done
+        if (j + 1 < n_tiles) {
+          __syncthreads();
+          load_tile<C, kBc>(sK, K, (j + 1) * kBc, N, tid);
+          load_tile<C, kBc>(sV, V, (j + 1) * kBc, N, tid);
+        }
+      }
+    }
+  }
+
+  // Epilogue. l_i: each lane summed its own columns; the quad adds its four partial sums
+  // once, here, instead of once per tile. Then one division per row.
+  float inv_l[kS][2];
+#pragma unroll
+  for (int mi = 0; mi < kS; ++mi)
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) {
+      float l = row_l[mi][rh];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      inv_l[mi][rh] = l > 0.f ? 1.f / l : 0.f;  // l = 0: no visible key, O = 0
+      const int row = i0 + w_row0 + mi * 16 + g + rh * 8;
+      if (t == 0 && row < M) LSE[row] = l > 0.f ? row_m[mi][rh] * p.scale + logf(l) : kNegInf;
+    }
+
+  if constexpr (C::kStage) {
+    // O_i through this warp's own rows of the Q tile (no other warp reads them), then
+    // 16-byte chunks: consecutive lanes write consecutive chunks of a row.
+    T* sO = sQ;
+    __syncwarp();  // the warp's last ldmatrix reads of those rows are done
+#pragma unroll
+    for (int mi = 0; mi < kS; ++mi)
+#pragma unroll
+      for (int nd = 0; nd < kDT; ++nd)
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh)
+          *reinterpret_cast<uint32_t*>(sO +
+                                       QKV::at(w_row0 + mi * 16 + g + rh * 8, nd * 8 + 2 * t)) =
+              pack2<T>(acc_o[mi][nd][2 * rh] * inv_l[mi][rh],
+                       acc_o[mi][nd][2 * rh + 1] * inv_l[mi][rh]);
+    __syncwarp();
+    constexpr int kRowChunks = D / 8, kWarpChunks = 16 * kS * kRowChunks;
+    static_assert(kWarpChunks % 32 == 0, "every lane stores the same number of chunks");
+#pragma unroll
+    for (int it = 0; it < kWarpChunks / 32; ++it) {
+      const int idx = it * 32 + lane, r = w_row0 + idx / kRowChunks, c = idx % kRowChunks;
+      if (i0 + r < M)
+        *reinterpret_cast<uint4*>(O + size_t(i0 + r) * D + c * 8) =
+            *reinterpret_cast<const uint4*>(sO + QKV::at(r, c * 8));
+    }
+  } else {  // direct-store: each lane writes its 4-byte pairs straight from the C fragments
+#pragma unroll
+    for (int mi = 0; mi < kS; ++mi)
+#pragma unroll
+      for (int rh = 0; rh < 2; ++rh) {
+        const int row = i0 + w_row0 + mi * 16 + g + rh * 8;
+        if (row >= M) continue;
+#pragma unroll
+        for (int nd = 0; nd < kDT; ++nd)
+          *reinterpret_cast<uint32_t*>(O + size_t(row) * D + nd * 8 + 2 * t) = pack2<T>(
+              acc_o[mi][nd][2 * rh] * inv_l[mi][rh], acc_o[mi][nd][2 * rh + 1] * inv_l[mi][rh]);
+      }
+  }
+}
+
+// What the host needs to run one instantiation.
+struct FwdKernel {
+  const void* fn = nullptr;  // for cudaFuncGetAttributes / occupancy queries
+  void (*launch)(const FwdParams&) = nullptr;
+  int br = 0, bc = 0, warps = 0, smem_bytes = 0;
+};
+
+template <class T, int D, int kFlags>
+void launch_fwd(const FwdParams& p) {
+  using C = FwdConfig<T, D, kFlags>;
+  const dim3 grid(unsigned((p.seq_q + C::kBr - 1) / C::kBr), unsigned(p.heads), unsigned(p.batch));
+  flash_fwd_kernel<T, D, kFlags><<<grid, C::kThreads, C::kSmemBytes>>>(p);
+}
+
+template <class T, int D, int kFlags>
+FwdKernel fwd_kernel() {
+  using C = FwdConfig<T, D, kFlags>;
+  FwdKernel k;
+  k.fn = reinterpret_cast<const void*>(&flash_fwd_kernel<T, D, kFlags>);
+  k.launch = &launch_fwd<T, D, kFlags>;
+  k.br = C::kBr, k.bc = C::kBc, k.warps = C::kWarps, k.smem_bytes = C::kSmemBytes;
+  return k;
+}
+
+}  // namespace ladder::tc
