@@ -25,7 +25,7 @@ for w in $what; do
       grep -E '^\s*(FAIL|NOT RUN)' "$OUT/ctest-gpu.log" | head -40 | tee -a "$OUT/summary.log"
       ;;
     sanitize)
-      ctest --test-dir build-gpu -L sanitizer --output-on-failure ${CTEST_ARGS:-} -j 4 >"$OUT/ctest-sanitizer.log" 2>&1 || status=1
+      ctest --test-dir build-gpu -L sanitizer -V ${CTEST_ARGS:-} -j 4 >"$OUT/ctest-sanitizer.log" 2>&1 || status=1
       log "ctest -L sanitizer: $(grep -E 'tests passed|tests failed' "$OUT/ctest-sanitizer.log" || echo see log)"
       grep -E 'Failed|ERROR SUMMARY: [1-9]' "$OUT/ctest-sanitizer.log" | head -20 | tee -a "$OUT/summary.log"
       ;;
