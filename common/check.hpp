@@ -22,10 +22,8 @@ struct ErrorStats {
   int64_t first_bad = -1;  // flat index of the first such element
 };
 
-// Compares got with ref elementwise. If `rows` is given (flat row indices of a
-// [rows, row_len] view), only those rows are compared.
-ErrorStats compare(const std::vector<double>& got, const std::vector<double>& ref,
-                   int64_t row_len = 1, const std::vector<int64_t>* rows = nullptr);
+// Compares got with ref elementwise.
+ErrorStats compare(const std::vector<double>& got, const std::vector<double>& ref);
 
 struct TensorCheck {
   std::string name;  // O, LSE, dQ, dK, dV

@@ -7,6 +7,7 @@
 // gradients) this computation's error vs the oracle (LADDER.md, "The harness").
 // Summation order matters in float32: a blocked matrix product sums more accurately
 // than a loop, so the yardstick is the loop every first implementation writes.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -25,58 +26,69 @@ void plain_attention(const Problem& p, const Inputs& in, DType precision, Output
   if (full)
     for (int64_t i = 0; i < M; ++i) all.push_back(i);
   const std::vector<int64_t>& sel = full ? all : *rows;
-  const std::vector<float> Q = to_float(in.q), K = to_float(in.k), V = to_float(in.v);
-  const std::vector<float> dO = p.backward ? to_float(in.dout) : std::vector<float>();
+  // The inputs hold values already rounded to `precision`: reading them as float is exact.
+  // (Read in place: a sampled check of a large problem touches a few rows of Q and dO.)
+  const double *Q = in.q.data.data(), *K = in.k.data.data(), *V = in.v.data.data();
+  const double* dO = p.backward ? in.dout.data.data() : nullptr;
   std::vector<float> dK, dV;  // float accumulators over every query row of the group
   if (p.backward && full)
     dK.assign(size_t(p.kv_numel()), 0.f), dV.assign(size_t(p.kv_numel()), 0.f);
   std::vector<float> S(static_cast<size_t>(N)), P(static_cast<size_t>(N)),
       o(static_cast<size_t>(d));
+  std::vector<float> q(static_cast<size_t>(d)), g(static_cast<size_t>(d));  // this row's Q, dO
+  std::vector<float> q_acc(static_cast<size_t>(d));                         // its dQ
 
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < p.heads; ++h) {
       const size_t kv0 = size_t((b * p.heads_kv + h / p.group()) * N * d);
-      for (int64_t i : sel) {
-        const size_t row = size_t((b * p.heads + h) * M + i);
-        const float* q = &Q[row * size_t(d)];
+      for (size_t k = 0; k < sel.size(); ++k) {
+        const int64_t i = sel[k];
+        const size_t row = size_t((b * p.heads + h) * M + i);  // in the inputs
+        const size_t orow = size_t((b * p.heads + h) * int64_t(sel.size()) + int64_t(k));  // out
+        for (int64_t c = 0; c < d; ++c) q[size_t(c)] = float(Q[row * size_t(d) + size_t(c)]);
         const int64_t n = p.visible_keys(i);
         float m = -std::numeric_limits<float>::infinity(), l = 0;
         for (int64_t j = 0; j < n; ++j) {
           float s = 0;
-          for (int64_t c = 0; c < d; ++c) s += q[c] * K[kv0 + size_t(j * d + c)];
+          for (int64_t c = 0; c < d; ++c) s += q[size_t(c)] * float(K[kv0 + size_t(j * d + c)]);
           S[size_t(j)] = r(scale * s);
           m = std::max(m, S[size_t(j)]);
         }
         for (int64_t j = 0; j < n; ++j) l += std::exp(S[size_t(j)] - m);
         for (int64_t j = 0; j < n; ++j) P[size_t(j)] = r(std::exp(S[size_t(j)] - m) / l);
+        // O_i = sum_j P_ij V_j: each column summed left to right in j (the j-outer loop
+        // order only keeps the reads of V contiguous; the arithmetic is the same).
+        std::fill(o.begin(), o.end(), 0.f);
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t c = 0; c < d; ++c)
+            o[size_t(c)] += P[size_t(j)] * float(V[kv0 + size_t(j * d + c)]);
         for (int64_t c = 0; c < d; ++c) {
-          float acc = 0;
-          for (int64_t j = 0; j < n; ++j) acc += P[size_t(j)] * V[kv0 + size_t(j * d + c)];
-          o[size_t(c)] = r(acc);
-          out.o.data[row * size_t(d) + size_t(c)] = o[size_t(c)];
+          o[size_t(c)] = r(o[size_t(c)]);
+          out.o.data[orow * size_t(d) + size_t(c)] = o[size_t(c)];
         }
-        out.lse.data[row] =
+        out.lse.data[orow] =
             n == 0 ? -std::numeric_limits<double>::infinity() : double(m + std::log(l));
         if (!p.backward) continue;
 
-        const float* g = &dO[row * size_t(d)];
+        for (int64_t c = 0; c < d; ++c) g[size_t(c)] = float(dO[row * size_t(d) + size_t(c)]);
         float D = 0;
-        for (int64_t c = 0; c < d; ++c) D += g[c] * o[size_t(c)];
+        for (int64_t c = 0; c < d; ++c) D += g[size_t(c)] * o[size_t(c)];
         for (int64_t j = 0; j < n; ++j) {  // dS_ij = P_ij (dP_ij - D_i), dP_ij = dO_i . V_j
           float dp = 0;
-          for (int64_t c = 0; c < d; ++c) dp += g[c] * V[kv0 + size_t(j * d + c)];
+          for (int64_t c = 0; c < d; ++c) dp += g[size_t(c)] * float(V[kv0 + size_t(j * d + c)]);
           S[size_t(j)] = r(P[size_t(j)] * (r(dp) - D));  // S now holds dS
         }
-        for (int64_t c = 0; c < d; ++c) {
-          float acc = 0;
-          for (int64_t j = 0; j < n; ++j) acc += S[size_t(j)] * K[kv0 + size_t(j * d + c)];
-          out.dq.data[row * size_t(d) + size_t(c)] = r(scale * acc);
-        }
+        std::fill(q_acc.begin(), q_acc.end(), 0.f);  // dQ_i = scale sum_j dS_ij K_j
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t c = 0; c < d; ++c)
+            q_acc[size_t(c)] += S[size_t(j)] * float(K[kv0 + size_t(j * d + c)]);
+        for (int64_t c = 0; c < d; ++c)
+          out.dq.data[orow * size_t(d) + size_t(c)] = r(scale * q_acc[size_t(c)]);
         if (!full) continue;
         for (int64_t j = 0; j < n; ++j)
           for (int64_t c = 0; c < d; ++c) {
-            dK[kv0 + size_t(j * d + c)] += scale * S[size_t(j)] * q[c];
-            dV[kv0 + size_t(j * d + c)] += P[size_t(j)] * g[c];
+            dK[kv0 + size_t(j * d + c)] += scale * S[size_t(j)] * q[size_t(c)];
+            dV[kv0 + size_t(j * d + c)] += P[size_t(j)] * g[size_t(c)];
           }
       }
     }

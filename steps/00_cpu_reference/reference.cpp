@@ -49,6 +49,8 @@ std::vector<int64_t> iota(int64_t n) {
 void attention(const Problem& p, const Inputs& in, Outputs& out, const std::vector<int64_t>* sel) {
   const bool full = sel == nullptr;
   const std::vector<int64_t> all_rows = full ? iota(p.seq_q) : *sel;
+  const std::vector<int64_t> out_rows = iota(int64_t(all_rows.size()));
+  const int64_t out_seq = int64_t(all_rows.size());  // = seq_q when full
   const double scale = p.softmax_scale();
   const int64_t N = p.seq_k;
   const std::vector<int64_t> keys = iota(N);
@@ -60,16 +62,18 @@ void attention(const Problem& p, const Inputs& in, Outputs& out, const std::vect
       if (p.backward && full) dK_acc = dV_acc = Mat::Zero(N, p.dim);
       for (int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
         for (size_t r0 = 0; r0 < all_rows.size(); r0 += kBlock) {
-          const std::vector<int64_t> rows(
-              all_rows.begin() + long(r0),
-              all_rows.begin() + long(std::min(all_rows.size(), r0 + kBlock)));
+          const size_t r1 = std::min(all_rows.size(), r0 + kBlock);
+          const std::vector<int64_t> rows(all_rows.begin() + long(r0), all_rows.begin() + long(r1));
+          // Where these rows go in `out`: the same index, or (sampled) their place in the list.
+          const std::vector<int64_t> orows(out_rows.begin() + long(r0),
+                                           out_rows.begin() + long(r1));
           const int64_t R = int64_t(rows.size());
           const Mat Q = load(in.q, b, h, rows);
           const Mat S = (Q * K.transpose()) * scale;
           Mat P = Mat::Zero(R, N);
           for (int64_t r = 0; r < R; ++r) {
             const int64_t visible = p.visible_keys(rows[size_t(r)]);
-            double& lse = out.lse.data[size_t((b * p.heads + h) * p.seq_q + rows[size_t(r)])];
+            double& lse = out.lse.data[size_t((b * p.heads + h) * out_seq + orows[size_t(r)])];
             if (visible == 0) {  // no visible key: O = 0, LSE = -inf, zero gradients
               lse = -std::numeric_limits<double>::infinity();
               continue;
@@ -81,7 +85,7 @@ void attention(const Problem& p, const Inputs& in, Outputs& out, const std::vect
             lse = m + std::log(l);
           }
           const Mat O = P * V;
-          store(out.o, b, h, rows, O);
+          store(out.o, b, h, orows, O);
           if (!p.backward) continue;
 
           const Mat dO = load(in.dout, b, h, rows);
@@ -95,7 +99,7 @@ void attention(const Problem& p, const Inputs& in, Outputs& out, const std::vect
           dS = (P.array() * (dP.colwise() - D).array()).matrix();
           dQ = (dS * K) * scale;
           // EXERCISE END
-          store(out.dq, b, h, rows, dQ);
+          store(out.dq, b, h, orows, dQ);
           if (full) {
             dK_acc.noalias() += (dS.transpose() * Q) * scale;
             dV_acc.noalias() += P.transpose() * dO;

@@ -14,7 +14,9 @@ namespace ladder::reference {
 // The oracle: computes O, LSE (and dQ, dK, dV when p.backward) in float64 into `out`,
 // which the caller allocated.
 // rows: if given, only these query rows (the same indices in every batch and head) are
-// computed: O, LSE and dQ for them; dK and dV (which need every row) are left untouched.
+// computed: O, LSE and dQ for them, written compactly in the order given, so `out` then has
+// seq_q = rows->size() ([B, H, R, d] and [B, H, R]); dK and dV (which need every row) are
+// left untouched.
 void attention(const Problem& p, const Inputs& in, Outputs& out,
                const std::vector<int64_t>* rows = nullptr);
 
