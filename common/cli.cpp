@@ -66,7 +66,7 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_flag("-v,--verbose", o.run.verbose, "print what the step chose")->group(rg);
 }
 
-int parse_or_exit(CLI::App& app, CommonOptions& o, int argc, char** argv) {
+int parse_or_exit(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -77,7 +77,6 @@ int parse_or_exit(CLI::App& app, CommonOptions& o, int argc, char** argv) {
     app.exit(e);
     return kExitBadInput;
   }
-  o.heads_kv_given = o.shape_opts[2]->count() > 0;
   return -1;
 }
 

@@ -14,7 +14,6 @@ namespace ladder {
 struct CommonOptions {
   Problem p;
   std::string dtype;  // empty: the step's default
-  bool heads_kv_given = false;
   std::string load, save;
   bool save_f64 = false;
   std::string inputs = "normal";
@@ -27,8 +26,8 @@ struct CommonOptions {
 // Registers the flags on `app` (a step program or the `ladder run` subcommand).
 void add_common_options(CLI::App& app, CommonOptions& o);
 
-// Parses argv into `o`; returns -1 to go on, else the exit status (0 after --help, 2 on a
-// parse error, with the message printed).
-int parse_or_exit(CLI::App& app, CommonOptions& o, int argc, char** argv);
+// Parses argv; returns -1 to go on, else the exit status (0 after --help, 2 on a parse
+// error, with the message printed).
+int parse_or_exit(CLI::App& app, int argc, char** argv);
 
 }  // namespace ladder

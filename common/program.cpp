@@ -21,7 +21,7 @@ Problem resolve_problem(const CommonOptions& o, DType default_dtype) {
       if (opt && opt->count())
         throw BadInput(opt->get_name() +
                        " cannot be combined with --load: the shapes come from the files");
-  } else if (!o.heads_kv_given) {
+  } else if (!(o.shape_opts[2] && o.shape_opts[2]->count())) {  // --heads-kv defaults to --heads
     p.heads_kv = p.heads;
   }
   return p;
@@ -84,6 +84,21 @@ Inputs obtain_inputs(const CommonOptions& o, Problem& p) {
   return make_inputs(p, kind);
 }
 
+CheckMode check_options(const CommonOptions& o, const Problem& p) {
+  CheckMode mode;
+  if (!parse_check_mode(o.check, mode))
+    throw BadInput("--check must be auto, full, sampled or none");
+  if (o.load.empty()) {
+    const std::string bad = p.validate();
+    if (!bad.empty()) throw BadInput(bad);
+  }
+  if (o.run.tile_q < 0 || o.run.tile_k < 0)
+    throw BadInput("--tile-q and --tile-k must be >= 0 (0: the step's choice)");
+  if (!o.save.empty() && std::filesystem::exists(o.save) && !std::filesystem::is_directory(o.save))
+    throw BadInput("--save " + o.save + ": exists and is not a directory");
+  return mode;
+}
+
 RunOptions resolve_run_options(const Step& s, const CommonOptions& o) {
   RunOptions r = o.run;
   const bool gpu = s.device == Device::cuda;
@@ -117,27 +132,16 @@ double gbps(const Problem& p, double ms, bool backward) {
 int run_step_cli(const Step& s, const CommonOptions& o) {
   try {
     Problem p = resolve_problem(o, s.default_dtype());
-    CheckMode mode;
-    if (!parse_check_mode(o.check, mode))
-      throw BadInput("--check must be auto, full, sampled or none");
     // Fail on bad input before any work: shapes, capabilities, variant, the output directory.
-    if (o.load.empty()) {
-      const std::string bad = p.validate();
-      if (!bad.empty()) throw BadInput(bad);
-    }
+    const CheckMode mode = check_options(o, p);
     Inputs in = obtain_inputs(o, p);
     const std::string why = s.unsupported(p);
     if (!why.empty()) throw BadInput(why);
     const RunOptions ro = resolve_run_options(s, o);
-    if (ro.tile_q < 0 || ro.tile_k < 0)
-      throw BadInput("--tile-q and --tile-k must be >= 0 (0: the step's choice)");
     const std::string bad_variant = s.unknown_variant(ro.variant);
     if (!bad_variant.empty()) throw BadInput(bad_variant);
     const std::string why_variant = s.unsupported(p, ro.variant);
     if (!why_variant.empty()) throw BadInput(why_variant);
-    if (!o.save.empty() && std::filesystem::exists(o.save) &&
-        !std::filesystem::is_directory(o.save))
-      throw BadInput("--save " + o.save + ": exists and is not a directory");
 
     const std::string variant = ro.variant.empty() ? s.variants.front().name : ro.variant;
     std::cout << s.name << " [" << variant << "]: " << p.describe() << "\n";
@@ -195,7 +199,7 @@ int step_main(const Step& s, int argc, char** argv) {
              "3 no CUDA device.");
   CommonOptions o;
   add_common_options(app, o);
-  const int rc = parse_or_exit(app, o, argc, argv);
+  const int rc = parse_or_exit(app, argc, argv);
   if (rc >= 0) return rc;
   return run_step_cli(s, o);
 }

@@ -21,6 +21,10 @@ Inputs load_inputs(const std::string& dir, Problem& p);
 // The inputs for p: loaded (then rounded to p.dtype) or generated.
 Inputs obtain_inputs(const CommonOptions& o, Problem& p);
 
+// Checks the options that need no inputs (the --check mode, the shapes unless loaded, tile
+// overrides, the --save target); returns the check mode. Throws BadInput.
+CheckMode check_options(const CommonOptions& o, const Problem& p);
+
 // Repeats and warm-up defaults per device.
 RunOptions resolve_run_options(const Step& s, const CommonOptions& o);
 

@@ -446,17 +446,7 @@ int cmd_compare(const CompareArgs& a) {
   // then to each step's own dtype, so that 00 (fp64) sees exactly the values 01..05 see.
   Problem p = resolve_problem(o, DType::f32);
   const bool dtype_forced = !o.dtype.empty();
-  CheckMode mode;
-  if (!parse_check_mode(o.check, mode))
-    throw BadInput("--check must be auto, full, sampled or none");
-  if (o.load.empty()) {
-    const std::string bad = p.validate();
-    if (!bad.empty()) throw BadInput(bad);
-  }
-  if (o.run.tile_q < 0 || o.run.tile_k < 0)
-    throw BadInput("--tile-q and --tile-k must be >= 0 (0: the step's choice)");
-  if (!o.save.empty() && fs::exists(o.save) && !fs::is_directory(o.save))
-    throw BadInput("--save " + o.save + ": exists and is not a directory");
+  const CheckMode mode = check_options(o, p);
   const std::vector<const Rung*> selected = select_rungs(a.steps);
   ResultsCsv csv(a.csv);
   const Inputs base = obtain_inputs(o, p);
@@ -1106,19 +1096,10 @@ int main_(int argc, char** argv) {
     std::cerr << app.help();
     return kExitBadInput;
   }
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return kExitBadInput;
-  }
+  const int rc = parse_or_exit(app, argc, argv);
+  if (rc >= 0) return rc;
 
   if (run->parsed()) {
-    run_o.heads_kv_given = run_o.shape_opts[2]->count() > 0;
     return cmd_run(which, run_o);
   }
   if (compare->parsed()) {
@@ -1127,7 +1108,6 @@ int main_(int argc, char** argv) {
                    "run N --variant V`\n";
       return kExitBadInput;
     }
-    ca.o.heads_kv_given = ca.o.shape_opts[2]->count() > 0;
     return guarded([&] { return cmd_compare(ca); });
   }
   if (diff->parsed())
