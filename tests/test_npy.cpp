@@ -15,27 +15,14 @@
 
 #include "error.hpp"
 #include "npy.hpp"
+#include "test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace ladder;
 using Catch::Matchers::Contains;
+using ladder::testing::TempDir;
 
 namespace {
-
-// A fresh directory, removed with everything in it at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "ladder_npy_XXXXXX").string();
-    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
 
 void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);

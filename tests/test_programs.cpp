@@ -19,28 +19,16 @@
 #include "device.hpp"
 #include "inputs.hpp"
 #include "npy.hpp"
+#include "test_util.hpp"
 #include "reference.hpp"
 #include "registry.hpp"
 
 namespace fs = std::filesystem;
 using namespace ladder;
 using Catch::Matchers::Contains;
+using ladder::testing::TempDir;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "ladder_programs_XXXXXX").string();
-    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
 
 std::string quote(const std::string& s) {
   std::string q = "'";
@@ -84,21 +72,6 @@ std::vector<std::string> files_under(const std::string& dir) {
 
 const char* kSmall = "--batch 1 --heads 2 --seq-q 17 --seq-k 23 --dim 16";
 const char* kQuick = " --repeats 1 --warmup 0";
-
-Problem make_problem(int64_t b, int64_t h, int64_t hkv, int64_t m, int64_t n, int64_t d,
-                     bool causal, uint64_t seed) {
-  Problem p;
-  p.batch = b;
-  p.heads = h;
-  p.heads_kv = hkv;
-  p.seq_q = m;
-  p.seq_k = n;
-  p.dim = d;
-  p.causal = causal;
-  p.seed = seed;
-  p.dtype = DType::f64;
-  return p;
-}
 
 // max |got - ref| / max |ref| over finite ref; -inf must match exactly; NaN is infinite.
 double rel_error(const Tensor& got, const Tensor& ref) {
@@ -237,7 +210,7 @@ TEST_CASE("programs: --help exits 0 and lists the whole flag contract", "[progra
 TEST_CASE("programs: --load rejects bad files with exit 2 and writes nothing", "[programs]") {
   TempDir tmp;
   // The good set the cases below each break one way: GQA 2 -> 1, float32 files.
-  Problem p = make_problem(1, 2, 1, 9, 13, 8, false, 5);
+  Problem p = testing::problem(1, 2, 1, 9, 13, 8, false, 5);
   p.backward = true;
   const Inputs in = make_inputs(p);
   const std::string good = tmp / "good";
@@ -341,7 +314,7 @@ TEST_CASE("programs: save and load round trips", "[programs]") {
     CHECK_FALSE(has_non_finite(o));
     CHECK_FALSE(has_non_finite(lse));
     // What the file holds is what was computed: the same inputs through the oracle here.
-    Problem p = make_problem(1, 4, 2, 9, 13, 8, true, 0);
+    Problem p = testing::problem(1, 4, 2, 9, 13, 8, true, 0);
     p.dtype = DType::f32;
     const Inputs in = make_inputs(p);
     Outputs ref = Outputs::poisoned(p);
@@ -350,7 +323,7 @@ TEST_CASE("programs: save and load round trips", "[programs]") {
     CHECK(rel_error(lse, ref.lse) < 1e-5);
   }
   SECTION("float32 files in, step 02 (fp32) out, with fully masked rows") {
-    Problem p = make_problem(2, 4, 2, 11, 7, 8, true, 21);  // rows 0..3 see no key
+    Problem p = testing::problem(2, 4, 2, 11, 7, 8, true, 21);  // rows 0..3 see no key
     p.dtype = DType::f32;
     const Inputs in = make_inputs(p);
     const std::string l = tmp / "L32", s = tmp / "S32";
@@ -369,7 +342,7 @@ TEST_CASE("programs: save and load round trips", "[programs]") {
     CHECK(rel_error(lse, ref.lse) < 1e-5);  // -inf in the masked rows, exactly
   }
   SECTION("float64 files in, step 00 --backward --save-f64 out") {
-    Problem p = make_problem(1, 4, 1, 6, 10, 5, true, 22);
+    Problem p = testing::problem(1, 4, 1, 6, 10, 5, true, 22);
     p.backward = true;
     const Inputs in = make_inputs(p);
     const std::string l = tmp / "L64", s = tmp / "S64";

@@ -14,27 +14,12 @@
 #include "inputs.hpp"
 #include "problem.hpp"
 #include "reference.hpp"
+#include "test_util.hpp"
 
 using namespace ladder;
 using LD = long double;
 
 namespace {
-
-Problem make_problem(int64_t b, int64_t h, int64_t hkv, int64_t m, int64_t n, int64_t d,
-                     bool causal, double scale = 0, uint64_t seed = 1) {
-  Problem p;
-  p.batch = b;
-  p.heads = h;
-  p.heads_kv = hkv;
-  p.seq_q = m;
-  p.seq_k = n;
-  p.dim = d;
-  p.causal = causal;
-  p.scale = scale;
-  p.seed = seed;
-  p.dtype = DType::f64;
-  return p;
-}
 
 std::vector<LD> widen(const Tensor& t) {
   return std::vector<LD>(t.data.begin(), t.data.end());
@@ -124,18 +109,18 @@ TEST_CASE("oracle forward agrees with a long-double triple loop", "[reference]")
     InputKind kind;
   };
   const std::vector<C> cases = {
-      {"plain 5x7 d4", make_problem(1, 2, 2, 5, 7, 4, false), InputKind::normal},
-      {"causal square 9x9", make_problem(1, 2, 2, 9, 9, 8, true), InputKind::normal},
-      {"GQA 4->2 causal 6x11", make_problem(1, 4, 2, 6, 11, 5, true), InputKind::normal},
-      {"MQA 4->1 12x7", make_problem(1, 4, 1, 12, 7, 6, false), InputKind::normal},
-      {"causal seq_q < seq_k 3x10", make_problem(1, 2, 1, 3, 10, 4, true), InputKind::normal},
-      {"causal seq_q > seq_k 10x4 (masked rows)", make_problem(1, 4, 2, 10, 4, 3, true),
+      {"plain 5x7 d4", testing::problem(1, 2, 2, 5, 7, 4, false), InputKind::normal},
+      {"causal square 9x9", testing::problem(1, 2, 2, 9, 9, 8, true), InputKind::normal},
+      {"GQA 4->2 causal 6x11", testing::problem(1, 4, 2, 6, 11, 5, true), InputKind::normal},
+      {"MQA 4->1 12x7", testing::problem(1, 4, 1, 12, 7, 6, false), InputKind::normal},
+      {"causal seq_q < seq_k 3x10", testing::problem(1, 2, 1, 3, 10, 4, true), InputKind::normal},
+      {"causal seq_q > seq_k 10x4 (masked rows)", testing::problem(1, 4, 2, 10, 4, 3, true),
        InputKind::normal},
-      {"explicit scale 0.3", make_problem(1, 2, 2, 7, 9, 4, false, 0.3), InputKind::normal},
-      {"batch 2 GQA causal 8x5", make_problem(2, 4, 2, 8, 5, 4, true), InputKind::normal},
-      {"seq 1x1", make_problem(1, 1, 1, 1, 1, 3, true), InputKind::normal},
-      {"large logits", make_problem(1, 2, 2, 14, 19, 16, false), InputKind::large},
-      {"large logits causal 19x14", make_problem(2, 2, 1, 19, 14, 16, true), InputKind::large},
+      {"explicit scale 0.3", testing::problem(1, 2, 2, 7, 9, 4, false, 1, 0.3), InputKind::normal},
+      {"batch 2 GQA causal 8x5", testing::problem(2, 4, 2, 8, 5, 4, true), InputKind::normal},
+      {"seq 1x1", testing::problem(1, 1, 1, 1, 1, 3, true), InputKind::normal},
+      {"large logits", testing::problem(1, 2, 2, 14, 19, 16, false), InputKind::large},
+      {"large logits causal 19x14", testing::problem(2, 2, 1, 19, 14, 16, true), InputKind::large},
   };
   for (const C& c : cases) {
     INFO(c.name << ": " << c.p.describe());
@@ -169,10 +154,10 @@ TEST_CASE("oracle gradients agree with central finite differences", "[reference]
     Problem p;
   };
   const std::vector<C> cases = {
-      {"GQA 2->1 causal 5x7 d4", make_problem(1, 2, 1, 5, 7, 4, true, 0, 3)},
+      {"GQA 2->1 causal 5x7 d4", testing::problem(1, 2, 1, 5, 7, 4, true, 3)},
       {"causal seq_q > seq_k 7x4 d3, batch 2 (masked rows)",
-       make_problem(2, 2, 2, 7, 4, 3, true, 0, 4)},
-      {"GQA 4->2 3x6 d2, scale 0.7", make_problem(1, 4, 2, 3, 6, 2, false, 0.7, 5)},
+       testing::problem(2, 2, 2, 7, 4, 3, true, 4)},
+      {"GQA 4->2 3x6 d2, scale 0.7", testing::problem(1, 4, 2, 3, 6, 2, false, 5, 0.7)},
   };
   for (const C& c : cases) {
     Problem p = c.p;
@@ -224,7 +209,7 @@ TEST_CASE("oracle gradients agree with central finite differences", "[reference]
 }
 
 TEST_CASE("the oracle's sampled rows equal its full computation", "[reference]") {
-  Problem p = make_problem(1, 4, 2, 23, 17, 8, true, 0, 9);
+  Problem p = testing::problem(1, 4, 2, 23, 17, 8, true, 9);
   p.backward = true;
   const Inputs in = make_inputs(p);
   Outputs full = Outputs::poisoned(p);
@@ -252,7 +237,7 @@ TEST_CASE("the oracle's sampled rows equal its full computation", "[reference]")
 
 TEST_CASE("plain_attention: the tolerance yardstick scales with the dtype", "[reference]") {
   // Inputs rounded to bf16, so every precision starts from the same values.
-  Problem p = make_problem(1, 2, 1, 37, 53, 32, true, 0, 11);
+  Problem p = testing::problem(1, 2, 1, 37, 53, 32, true, 11);
   p.backward = true;
   p.dtype = DType::bf16;
   const Inputs in = make_inputs(p);
@@ -284,7 +269,7 @@ TEST_CASE("plain_attention: the tolerance yardstick scales with the dtype", "[re
 }
 
 TEST_CASE("plain_attention: rows with no visible key", "[reference]") {
-  Problem p = make_problem(1, 2, 2, 9, 5, 8, true, 0, 13);
+  Problem p = testing::problem(1, 2, 2, 9, 5, 8, true, 13);
   p.backward = true;
   const Inputs in = make_inputs(p);
   for (DType t : {DType::f32, DType::f16, DType::bf16}) {

@@ -22,6 +22,7 @@
 #include "program.hpp"
 #include "reference.hpp"
 #include "registry.hpp"
+#include "test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace ladder;
@@ -97,20 +98,6 @@ std::vector<const Step*> built_steps() {
   for (const Rung& r : rungs())
     if (r.step) s.push_back(r.step);
   return s;
-}
-
-Problem make_problem(int64_t b, int64_t h, int64_t hkv, int64_t m, int64_t n, int64_t d,
-                     bool causal, uint64_t seed) {
-  Problem p;
-  p.batch = b;
-  p.heads = h;
-  p.heads_kv = hkv;
-  p.seq_q = m;
-  p.seq_k = n;
-  p.dim = d;
-  p.causal = causal;
-  p.seed = seed;
-  return p;
 }
 
 // How many elements of t are NaN (never written, given a poisoned start).
@@ -207,8 +194,8 @@ TEST_CASE("steps: descriptors are sane", "[steps]") {
           s.caps.dtypes.size());
     CHECK((s.caps.head_dims.empty() || s.caps.max_dim == 0));
     // The step accepts a problem in its own default dtype and a head dim it lists.
-    Problem p =
-        make_problem(1, 2, 2, 8, 8, s.caps.head_dims.empty() ? 8 : s.caps.head_dims[0], false, 0);
+    Problem p = testing::problem(1, 2, 2, 8, 8, s.caps.head_dims.empty() ? 8 : s.caps.head_dims[0],
+                                 false, 0);
     p.dtype = s.default_dtype();
     CHECK(s.unsupported(p) == "");
   }
@@ -218,9 +205,9 @@ TEST_CASE("steps: every CPU step writes every output element", "[steps]") {
   int runs = 0;
   for (const Step* s : built_steps()) {
     if (s->device != Device::cpu) continue;
-    for (Problem p :
-         {make_problem(2, 4, 2, 19, 11, 8, true, 31),  // rows 0..7 see no key
-          make_problem(1, 2, 2, 5, 37, 4, false, 32), make_problem(1, 3, 1, 1, 1, 3, true, 33)}) {
+    for (Problem p : {testing::problem(2, 4, 2, 19, 11, 8, true, 31),  // rows 0..7 see no key
+                      testing::problem(1, 2, 2, 5, 37, 4, false, 32),
+                      testing::problem(1, 3, 1, 1, 1, 3, true, 33)}) {
       p.dtype = s->default_dtype();
       p.backward = s->caps.backward;
       if (!s->unsupported(p).empty()) continue;
@@ -292,7 +279,7 @@ TEST_CASE("steps: verify fails a step that leaves output unwritten", "[steps]") 
   };
   auto nothing = [](const Problem&, Outputs&) {};
 
-  Problem p = make_problem(1, 2, 1, 13, 9, 8, true, 41);  // rows 0..3 see no key
+  Problem p = testing::problem(1, 2, 1, 13, 9, 8, true, 41);  // rows 0..3 see no key
   p.dtype = DType::f32;
   p.backward = true;
   const Inputs in = make_inputs(p);  // with dO, for the cases that check gradients
