@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -46,9 +47,8 @@ struct Run {
   std::string out, err;
 };
 
-// Runs a step program with `args`, stdout and stderr captured under `tmp`.
-Run run_step(const std::string& step, const std::string& args, const TempDir& tmp) {
-  const std::string bin = std::string(LADDER_STEP_BIN_DIR) + "/" + step;
+// Runs a program with `args`, stdout and stderr captured under `tmp`.
+Run run_binary(const std::string& bin, const std::string& args, const TempDir& tmp) {
   REQUIRE(fs::exists(bin));
   const std::string out = tmp / "stdout.txt", err = tmp / "stderr.txt";
   const std::string cmd = quote(bin) + " " + args + " >" + quote(out) + " 2>" + quote(err);
@@ -58,6 +58,11 @@ Run run_step(const std::string& step, const std::string& args, const TempDir& tm
   r.out = read_file(out);
   r.err = read_file(err);
   return r;
+}
+
+// Runs a step program (build/steps/NN_name).
+Run run_step(const std::string& step, const std::string& args, const TempDir& tmp) {
+  return run_binary(std::string(LADDER_STEP_BIN_DIR) + "/" + step, args, tmp);
 }
 
 // Every entry under `dir` (hidden ones, and in subfolders, too); empty if it is absent.
@@ -410,4 +415,59 @@ TEST_CASE("programs: a GPU step with no CUDA device exits 3", "[programs]") {
     CHECK(files_under(save).empty());
   }
   if (n == 0) SUCCEED("no GPU step was built");
+}
+
+TEST_CASE("the ladder driver: list, compare, diff and bench keep their contract",
+          "[programs][driver]") {
+  TempDir tmp("ladder_driver");
+  const std::string ladder = LADDER_DRIVER;
+
+  Run r = run_binary(ladder, "list", tmp);
+  CHECK(r.status == 0);
+  for (const Rung& g : rungs()) CHECK_THAT(r.out, Contains(g.name));
+
+  r = run_binary(ladder, "compare --steps 0,1,2 --seq-q 33 --seq-k 47 --causal", tmp);
+  INFO(r.out << r.err);
+  CHECK(r.status == 0);
+  CHECK_THAT(r.out, Contains("02_online_softmax") && Contains("ok"));
+  CHECK(run_binary(ladder, "compare --steps 2 --heads 6 --heads-kv 4", tmp).status == 2);
+
+  // diff: a measurement (exit 0) unless --tol is exceeded (1); shapes must agree (2).
+  Tensor a({2, 3}), b({2, 3}), c({3, 2});
+  for (int i = 0; i < 6; ++i) a.data[size_t(i)] = i, b.data[size_t(i)] = i + (i == 4 ? 0.5 : 0.0);
+  write_npy_files(tmp.path.string(), {{"a.npy", &a}, {"b.npy", &b}, {"c.npy", &c}});
+  r = run_binary(ladder, "diff " + quote(tmp / "a.npy") + " " + quote(tmp / "b.npy"), tmp);
+  CHECK(r.status == 0);
+  CHECK_THAT(r.out, Contains("[1, 1]"));  // where the largest difference is
+  CHECK(run_binary(ladder,
+                   "diff " + quote(tmp / "a.npy") + " " + quote(tmp / "b.npy") + " --tol 0.1", tmp)
+            .status == 1);
+  CHECK(
+      run_binary(ladder, "diff " + quote(tmp / "a.npy") + " " + quote(tmp / "c.npy"), tmp).status ==
+      2);
+  CHECK(run_binary(ladder, "diff " + quote(tmp / "a.npy") + " " + quote(tmp / "missing.npy"), tmp)
+            .status == 2);
+
+  // bench: rows in the results schema, the header written once, rows appended.
+  const std::string csv = tmp / "bench.csv";
+  const std::string args =
+      "bench --steps 1,2 --seqlens 64 --dims 16 --directions fwd --csv " + quote(csv);
+  REQUIRE(run_binary(ladder, args, tmp).status == 0);
+  REQUIRE(run_binary(ladder, args, tmp).status == 0);
+  std::istringstream lines(read_file(csv));
+  std::string line;
+  int headers = 0, rows = 0;
+  while (std::getline(lines, line)) {
+    if (line.rfind("step,", 0) == 0) {
+      ++headers;
+      CHECK(line ==
+            "step,dtype,batch,heads,heads_kv,seq_q,seq_k,dim,causal,direction,ms,tflops,gbps,"
+            "workspace_bytes,gpu,cuda,commit");
+    } else if (!line.empty()) {
+      ++rows;
+      CHECK((line.rfind("01,fp32,", 0) == 0 || line.rfind("02,fp32,", 0) == 0));
+    }
+  }
+  CHECK(headers == 1);
+  CHECK(rows == 8);  // 2 steps x causal 0/1 x 2 runs
 }
