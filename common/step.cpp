@@ -41,6 +41,13 @@ std::string Step::unsupported(const Problem& p, const std::string& variant) cons
   if (p.heads != p.heads_kv && !caps.gqa)
     return "step " + name + " does not support GQA (--heads-kv must equal --heads)";
   if (p.backward && !caps.backward) return "step " + name + " has no backward pass";
+  if (p.backward && !backward_supports(p.dim)) {
+    e << "step " << name << "'s backward supports --dim";
+    for (int64_t d : caps.backward_head_dims) e << " " << d;
+    e << " (the forward also " << (caps.head_dims.empty() ? "others" : "the rest of its dims")
+      << ")";
+    return e.str();
+  }
   return "";
 }
 
@@ -66,7 +73,19 @@ std::string Step::capabilities_str() const {
   if (caps.causal) s << ", causal";
   if (caps.gqa) s << ", GQA";
   s << (caps.backward ? ", fwd+bwd" : ", fwd only");
+  if (caps.backward && !caps.backward_head_dims.empty()) {
+    s << " (bwd d ";
+    for (size_t i = 0; i < caps.backward_head_dims.size(); ++i)
+      s << (i ? "," : "") << caps.backward_head_dims[i];
+    s << ")";
+  }
   return s.str();
+}
+
+bool Step::backward_supports(int64_t d) const {
+  return caps.backward && (caps.backward_head_dims.empty() ||
+                           std::find(caps.backward_head_dims.begin(), caps.backward_head_dims.end(),
+                                     d) != caps.backward_head_dims.end());
 }
 
 double median(std::vector<double> v) {

@@ -19,7 +19,8 @@ struct Capabilities {
   std::vector<int64_t> head_dims;  // empty: any dim in [1, max_dim]
   int64_t max_dim = 0;             // 0: no limit (only with empty head_dims)
   bool causal = true, gqa = true, backward = false;
-  std::string limits;  // anything else a user should know, in words
+  std::vector<int64_t> backward_head_dims;  // with backward: the dims it covers (empty: all)
+  std::string limits;                       // anything else a user should know, in words
 };
 
 // A selectable form of the step's algorithm (e.g. step 02's tiled form, step 05's FA1
@@ -69,6 +70,8 @@ struct Step {
   // Empty if `v` names a variant (or is empty), else the list of variants.
   std::string unknown_variant(const std::string& v) const;
   std::string capabilities_str() const;
+  // Whether the backward pass covers head dim d.
+  bool backward_supports(int64_t d) const;
   const char* device_name() const { return device == Device::cpu ? "CPU" : "CUDA"; }
 };
 

@@ -1,4 +1,4 @@
-// The tensor-core vocabulary of step 06, shared by its forward (and a later backward) kernel:
+// The tensor-core vocabulary of step 06, shared by its forward and backward kernels:
 // mma.sync m16n8k16, ldmatrix, cp.async, ex2, and the XOR-swizzled shared-memory layout.
 //
 // Fragment layouts of mma.sync.m16n8k16 (PTX ISA, "Matrix fragments for mma.m16n8k16").
@@ -98,6 +98,28 @@ __device__ __forceinline__ void cp_async_commit() {
 // visible only after a __syncthreads that follows their own wait).
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+// 4-byte copy for the backward's per-row LSE and D (fp32 rows need not be 16-byte aligned).
+// .ca: the 16-byte-only .cg form does not exist at this size. `valid` false: zero-fill.
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem_dst)),
+               "l"(gmem_src), "r"(valid ? 4 : 0)
+               : "memory");
+}
+
+// The inverse of pack2: the two T values of a .b32 register as floats (exact).
+template <class T>
+__device__ __forceinline__ float2 unpack2(uint32_t v);
+
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t v) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+}
+
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(uint32_t v) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&v));
 }
 
 // 2^x on the special-function unit; ex2.approx(-inf) = +0, which the masking relies on.

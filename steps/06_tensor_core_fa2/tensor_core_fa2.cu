@@ -1,7 +1,10 @@
 // Step 06 — tensor-core FlashAttention-2 (CUDA, bf16 and fp16 with fp32 accumulation).
 // Adds: mma.sync m16n8k16 with fp32 accumulation; ldmatrix (.trans for V); XOR-swizzled shared
 // memory; cp.async double buffering of K_j and V_j; P kept in registers as the A operand; exp2
-// with log2(e) folded into the scale; O staged through shared memory for 16-byte stores.
+// with log2(e) folded into the scale; O staged through shared memory for 16-byte stores;
+// backward with a D = rowsum(dO o O) pre-pass and P recomputed from LSE; K/V-outer backward
+// loop with dK_j and dV_j in registers; S^T and dP^T so that P^T and dS^T are A operands in
+// registers; dQ accumulated by fp32 atomics.
 //
 // Where it sits: the top of the ladder. Step 05 has FlashAttention-2's loop order and
 // tiling in fp32 on the CUDA cores, whose FFMA ceiling (~51 TFLOP/s measured) it cannot
@@ -18,14 +21,20 @@
 //                O_i = diag(exp(m_i - m_new)) O_i + P_ij V_j       (tensor cores)
 //                m_i = m_new
 //   O_i = diag(l_i)^-1 O_i,  LSE_i = m_i + log l_i
-// forward.cuh holds the kernel (fragment layouts in mma.cuh); this file is the host side:
-// the variants, the checks, uploads, the timed launch. notes/06_tensor_core_fa2.md has the
-// fragment drawings, the shared-memory budget and the cost model.
+// The backward (FlashAttention-2, Algorithm 2), with D_i = rowsum(dO_i o O_i) from a pre-pass:
+//   for each K/V tile j (a block; dK_j = dV_j = 0 in registers):
+//     for each query head of the GQA group, each Q tile i that sees a key of K_j:
+//       P_ij = exp(scale S_ij - LSE_i)    recomputed: only LSE was saved, not P
+//       dV_j += P_ij^T dO_i,  dP_ij = dO_i V_j^T,  dS_ij = P_ij o (dP_ij - D_i)
+//       dK_j += dS_ij^T Q_i,  dQ_i += dS_ij K_j   (fp32 atomics: every K/V tile adds to it)
+//   dK_j *= scale, dQ = scale dQ_acc
+// forward.cuh and backward.cuh hold the kernels (fragment layouts in mma.cuh); this file is
+// the host side: the variants, the checks, uploads, the timed launches.
+// notes/06_tensor_core_fa2.md has the fragment drawings, the shared-memory and register
+// budgets and the cost models of both passes.
 // What comes next: no rung. On an H100, what mma.sync leaves on the table is taken by
 // Hopper-only instructions: wgmma (warpgroup MMA reading B from shared memory, asynchronous)
-// and TMA copies with warp specialisation (FlashAttention-3); the note says how much. The
-// backward pass of this step (dot(dO, O) pre-pass, K/V-outer loop, fp32 dQ accumulation) is
-// a later addition: run() has its place marked.
+// and TMA copies with warp specialisation (FlashAttention-3); the note says how much.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -34,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "backward.cuh"
 #include "cuda_util.cuh"
 #include "forward.cuh"
 #include "step.hpp"
@@ -43,6 +53,8 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using fp16 = __half;
+using tc::BwdKernel;
+using tc::BwdParams;
 using tc::FwdKernel;
 using tc::FwdParams;
 
@@ -122,6 +134,28 @@ FwdKernel select_kernel(DType t, int64_t d, int flags) {
   }
 }
 
+// The backward: one instantiation per dtype and d in {32, 64, 96, 128}, used by every
+// variant (it reads O and LSE, however the forward produced them).
+template <class T>
+BwdKernel bwd_kernel_for(int64_t d) {
+  switch (d) {
+    case 32:
+      return tc::bwd_kernel<T, 32>();
+    case 64:
+      return tc::bwd_kernel<T, 64>();
+    case 96:
+      return tc::bwd_kernel<T, 96>();
+    case 128:
+      return tc::bwd_kernel<T, 128>();
+    default:
+      return {};
+  }
+}
+
+BwdKernel select_bwd_kernel(DType t, int64_t d) {
+  return t == DType::bf16 ? bwd_kernel_for<bf16>(d) : bwd_kernel_for<fp16>(d);
+}
+
 template <class T>
 std::vector<T> to_device_type(const Tensor& t);
 template <>
@@ -147,7 +181,8 @@ DeviceTensors<T> upload(const Problem& p, const Inputs& in) {
                      DeviceBuffer<float>(size_t(p.rows()))};
   // The kernel tracks the row max of the raw scores Q K^T and applies the scale inside
   // exp2, which needs scale > 0. A negative --scale is applied as (-Q) K^T |scale|:
-  // negating a bf16/fp16 value is exact. (A backward must use the real Q and signed scale.)
+  // negating a bf16/fp16 value is exact. The backward uses the same (-Q) and |scale|: its dK
+  // is then right as it is, and dQ for the real Q is (-1) x (-Q)'s, the signed scale x dS K.
   if (p.softmax_scale() < 0) {
     Tensor neg_q = in.q;
     for (double& x : neg_q.data) x = -x;
@@ -176,23 +211,77 @@ double forward(const FwdKernel& k, const FwdParams& fp, const RunOptions& opt) {
       opt.repeats, opt.warmup);
 }
 
+// The backward: dQ, dK, dV from Q, K, V, dO and the forward's O and LSE (in d). Times its
+// three kernels together (pre-pass, main, dQ conversion) and returns the median in ms.
+template <class T>
+double backward(const Problem& p, const Inputs& in, Outputs& out, const RunOptions& opt,
+                const BwdKernel& k, const DeviceTensors<T>& d) {
+  DeviceBuffer<T> dout(size_t(p.q_numel()));
+  dout.upload(to_device_type<T>(in.dout));
+  DeviceBuffer<T> dq(size_t(p.q_numel())), dk(size_t(p.kv_numel())), dv(size_t(p.kv_numel()));
+  DeviceBuffer<float> dq_acc(size_t(p.q_numel())), lse2(size_t(p.rows())), dsum(size_t(p.rows()));
+  for (DeviceBuffer<T>* b : {&dq, &dk, &dv}) b->poison();  // unwritten elements fail the check
+  for (DeviceBuffer<float>* b : {&dq_acc, &lse2, &dsum}) b->poison();  // the pre-pass writes them
+  BwdParams bp{};
+  bp.q = d.q.get(), bp.k = d.k.get(), bp.v = d.v.get(), bp.o = d.o.get(), bp.dout = dout.get();
+  bp.lse = d.lse.get(), bp.lse2 = lse2.get(), bp.dsum = dsum.get(), bp.dq_acc = dq_acc.get();
+  bp.dq = dq.get(), bp.dk = dk.get(), bp.dv = dv.get();
+  bp.batch = int(p.batch), bp.heads = int(p.heads), bp.heads_kv = int(p.heads_kv);
+  bp.group = int(p.group());
+  bp.seq_q = int(p.seq_q), bp.seq_k = int(p.seq_k);
+  bp.scale = float(std::fabs(p.softmax_scale()));
+  bp.scale_log2 = float(std::fabs(p.softmax_scale()) * 1.4426950408889634);  // log2(e)
+  bp.scale_dq = float(p.softmax_scale());  // signed: Q was uploaded as -Q when scale < 0
+  bp.causal = p.causal;
+
+  CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes));
+  CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  int(cudaSharedmemCarveoutMaxShared)));
+  const double ms = time_gpu_ms(
+      [&] {
+        k.prepass(bp);  // D, LSE log2(e), dQ_acc = 0
+        CUDA_CHECK_LAUNCH();
+        k.main(bp);  // dK, dV; dQ_acc by atomics
+        CUDA_CHECK_LAUNCH();
+        k.finish(bp);  // dQ = scale dQ_acc
+        CUDA_CHECK_LAUNCH();
+      },
+      opt.repeats, opt.warmup);
+  to_tensor(dq.download(), out.dq);
+  to_tensor(dk.download(), out.dk);
+  to_tensor(dv.download(), out.dv);
+  return ms;
+}
+
+// The occupancy and resource line of a kernel, e.g.
+// "warps=4 threads=128 smem=96 KiB regs=255 local=0 B blocks/SM=2".
+std::string resources(const void* fn, int warps, int smem_bytes) {
+  cudaFuncAttributes a{};
+  CUDA_CHECK(cudaFuncGetAttributes(&a, fn));
+  int blocks = 0;
+  CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, warps * 32, size_t(smem_bytes)));
+  std::ostringstream s;
+  s << "warps=" << warps << " threads=" << warps * 32 << " smem=" << smem_bytes / 1024
+    << " KiB regs=" << a.numRegs << " local=" << a.localSizeBytes << " B blocks/SM=" << blocks;
+  return s.str();
+}
+
 // e.g. "Br=128 Bc=64 warps=4 threads=128 smem=96 KiB regs=255 local=0 B blocks/SM=2"
 std::string describe(const FwdKernel& k) {
-  cudaFuncAttributes a{};
-  CUDA_CHECK(cudaFuncGetAttributes(&a, k.fn));
-  int blocks = 0;
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k.fn, k.warps * 32,
-                                                           size_t(k.smem_bytes)));
-  std::ostringstream s;
-  s << "Br=" << k.br << " Bc=" << k.bc << " warps=" << k.warps << " threads=" << k.warps * 32
-    << " smem=" << k.smem_bytes / 1024 << " KiB regs=" << a.numRegs << " local=" << a.localSizeBytes
-    << " B blocks/SM=" << blocks;
-  return s.str();
+  return "Br=" + std::to_string(k.br) + " Bc=" + std::to_string(k.bc) + " " +
+         resources(k.fn, k.warps, k.smem_bytes);
+}
+
+// e.g. "bwd: Bc=128 Br=64 warps=8 threads=256 smem=161 KiB regs=255 local=0 B blocks/SM=1"
+std::string describe(const BwdKernel& k) {
+  return "bwd: Bc=" + std::to_string(k.bc) + " Br=" + std::to_string(k.br) + " " +
+         resources(k.fn, k.warps, k.smem_bytes);
 }
 
 template <class T>
 RunResult run_typed(const Problem& p, const Inputs& in, Outputs& out, const RunOptions& opt,
-                    const FwdKernel& k) {
+                    const FwdKernel& k, const BwdKernel& bk) {
   DeviceTensors<T> d = upload<T>(p, in);
   FwdParams fp{};
   fp.q = d.q.get(), fp.k = d.k.get(), fp.v = d.v.get(), fp.o = d.o.get(), fp.lse = d.lse.get();
@@ -205,12 +294,16 @@ RunResult run_typed(const Problem& p, const Inputs& in, Outputs& out, const RunO
 
   RunResult r;
   r.fwd_ms = forward(k, fp, opt);
-  // The backward goes here (a later addition): if (p.backward), time its kernels on their
-  // own with time_gpu_ms, after the forward above has produced O and LSE.
-  to_tensor(d.o.download(), out.o);
-  to_tensor(d.lse.download(), out.lse);
   r.workspace_bytes = 0;  // O(1) extra memory: the whole of S and P lives on chip
   r.config = describe(k);
+  if (p.backward) {  // on the O and LSE the forward above has produced
+    r.bwd_ms = backward<T>(p, in, out, opt, bk, d);
+    // the fp32 dQ accumulator, and L = LSE log2(e) and D per query row
+    r.workspace_bytes += 4.0 * double(p.q_numel()) + 8.0 * double(p.rows());
+    r.config += "; " + describe(bk);
+  }
+  to_tensor(d.o.download(), out.o);
+  to_tensor(d.lse.download(), out.lse);
   return r;
 }
 
@@ -235,6 +328,13 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
                    "' is built for bf16 with --dim 64 or 128 only (the default variant 'full' "
                    "covers bf16 and fp16 with --dim 32, 64, 96, 128, 256)");
   }
+  BwdKernel bk;
+  if (p.backward) {
+    bk = select_bwd_kernel(p.dtype, p.dim);
+    if (!bk.fn)
+      throw BadInput("step 06's backward supports --dim 32, 64, 96 and 128, got " +
+                     std::to_string(p.dim) + " (without --backward, --dim 256 runs too)");
+  }
   if ((opt.tile_q != 0 && opt.tile_q != k.br) || (opt.tile_k != 0 && opt.tile_k != k.bc))
     throw BadInput("step 06 fixes its tiles at compile time: for --dim " + std::to_string(p.dim) +
                    " Br = " + std::to_string(k.br) +
@@ -243,11 +343,14 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
     throw BadInput("step 06 supports --heads and --batch up to 65535 (grid dimensions)");
   if (p.seq_q > (int64_t(1) << 30) || p.seq_k > (int64_t(1) << 30))
     throw BadInput("step 06 supports --seq-q and --seq-k up to 2^30 (32-bit row indices)");
-  const double bytes = double(dtype_bytes(p.dtype)) * double(2 * p.q_numel() + 2 * p.kv_numel()) +
-                       4.0 * double(p.rows()) + 2.0 * double(prop.l2CacheSize);  // + L2 flush
+  double bytes = double(dtype_bytes(p.dtype)) * double(2 * p.q_numel() + 2 * p.kv_numel()) +
+                 4.0 * double(p.rows()) + 2.0 * double(prop.l2CacheSize);  // + L2 flush
+  if (p.backward)  // dO, dQ, dK, dV; the fp32 dQ accumulator, L and D
+    bytes += double(dtype_bytes(p.dtype)) * double(2 * p.q_numel() + 2 * p.kv_numel()) +
+             4.0 * double(p.q_numel()) + 8.0 * double(p.rows());
   require_free_memory(bytes, "step 06 on this problem");
-  return p.dtype == DType::bf16 ? run_typed<bf16>(p, in, out, opt, k)
-                                : run_typed<fp16>(p, in, out, opt, k);
+  return p.dtype == DType::bf16 ? run_typed<bf16>(p, in, out, opt, k, bk)
+                                : run_typed<fp16>(p, in, out, opt, k, bk);
 }
 
 }  // namespace
@@ -259,23 +362,30 @@ const Step& step_06() {
     s.name = "06_tensor_core_fa2";
     s.summary =
         "FA2 on tensor cores: mma.sync bf16/fp16 with fp32 accumulation, ldmatrix, swizzled "
-        "shared memory, cp.async pipelining, P in registers, exp2";
+        "shared memory, cp.async pipelining, P in registers, exp2; the FA2 backward on them";
     s.adds = {"mma.sync m16n8k16 with fp32 accumulation",
               "ldmatrix (.trans for V)",
               "XOR-swizzled shared memory",
               "cp.async double buffering of K_j and V_j",
               "P kept in registers as the A operand",
               "exp2 with log2(e) folded into the scale",
-              "O staged through shared memory for 16-byte stores"};
+              "O staged through shared memory for 16-byte stores",
+              "backward with a D = rowsum(dO o O) pre-pass and P recomputed from LSE",
+              "K/V-outer backward loop with dK_j and dV_j in registers",
+              "S^T and dP^T so that P^T and dS^T are A operands in registers",
+              "dQ accumulated by fp32 atomics"};
     s.device = Device::cuda;
     s.caps.dtypes = {DType::bf16, DType::f16};
     s.caps.head_dims = {32, 64, 96, 128, 256};
     s.caps.causal = true;
     s.caps.gqa = true;
-    s.caps.backward = false;
+    s.caps.backward = true;
+    s.caps.backward_head_dims = {32, 64, 96, 128};
     s.caps.limits =
         "tiles fixed per head dim (Br x Bc: 128 x 128 for d <= 64, 128 x 64 above); variants "
-        "other than 'full' are built for bf16 with d 64 and 128 only";
+        "other than 'full' are built for bf16 with d 64 and 128 only; the backward runs d 32, "
+        "64, 96 and 128 (Bc = 128 keys x Br = 64 queries) and, by its fp32 atomics, is not "
+        "bitwise reproducible in dQ";
     for (const FwdVariant& v : kVariants) {
       if (v.flags == kAll)
         s.variants.push_back({v.name, v.summary, true});

@@ -1,0 +1,523 @@
+// The backward pass of step 06: FlashAttention-2's backward (Dao 2023, Algorithm 2) on
+// mma.sync tensor cores, in three kernels.
+//
+//   pre-pass  D_i = rowsum(dO_i o O_i) in fp32 (O is the forward's output, in T);
+//             L_i = LSE_i * log2(e), +inf where LSE_i = -inf; zeroes the fp32 dQ accumulator
+//   main      one block per (K/V tile j, K/V head, batch): Bc = 128 keys, 8 warps, warp w
+//             owns keys 16w..16w+15 of K_j, V_j and their dK_j, dV_j (fp32 registers).
+//             For every query head of the GQA group, for every Q tile i that sees K_j:
+//               S^T  = K_j Q_i^T                      [Bc x Br], a warp's 16 rows in registers
+//               P^T  = exp2(S^T * scale*log2e - L_i)  (P recomputed from the saved LSE)
+//               dP^T = V_j dO_i^T
+//               dS^T = P^T o (dP^T - D_i)
+//               dV_j += P^T dO_i,  dK_j += dS^T Q_i   (A operands straight from registers)
+//               dQ_i += dS_ij K_j                     (dS^T via shared memory; fp32 atomics)
+//             then dK_j = scale * dK_j; both through shared memory to 16-byte stores
+//   post-pass dQ = scale * dQ_acc, rounded to T
+//
+// Why S^T and not S: a warp that owns key rows of dK_j, dV_j needs P^T and dS^T as the A
+// operand of dV_j += P^T dO_i and dK_j += dS^T Q_i. Computing the transposed products
+// directly puts P^T and dS^T in the C layout of the warp's own rows, which is the A layout
+// (the forward's "P from the S registers" trick), so neither goes through shared memory for
+// those two products. Only dQ_i = dS K_j needs all warps' dS^T: it is written to shared memory
+// once and read back with ldmatrix.trans as the A operand dS.
+//
+// Q_i, dO_i, L_i, D_i arrive by cp.async in two stages (item x + 1 loads during item x), and
+// dS^T has two buffers, so that the dQ product of item x runs after the barrier that opens
+// item x + 1: one barrier per Q tile.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "exercise.hpp"
+#include "forward.cuh"  // the fragment loaders load_a and load_b_kn, and load_tile
+#include "mma.cuh"
+
+namespace ladder::tc {
+
+struct BwdParams {
+  const void* q;     // [B, H, M, d] in T (the forward's Q: negated when scale < 0)
+  const void* k;     // [B, Hkv, N, d]
+  const void* v;     // [B, Hkv, N, d]
+  const void* o;     // [B, H, M, d], the forward's output
+  const void* dout;  // [B, H, M, d]
+  const float* lse;  // [B, H, M], the forward's, natural log
+  float* lse2;       // [B, H, M] workspace: LSE * log2(e), +inf for rows with no visible key
+  float* dsum;       // [B, H, M] workspace: D = rowsum(dO o O)
+  float* dq_acc;     // [B, H, M, d] workspace: fp32 dQ / scale, summed over the K/V tiles
+  void* dq;          // [B, H, M, d] in T
+  void* dk;          // [B, Hkv, N, d]
+  void* dv;          // [B, Hkv, N, d]
+  int batch, heads, heads_kv, group, seq_q, seq_k;
+  float scale;       // |scale|: S = scale Q K^T with the forward's Q
+  float scale_log2;  // |scale| * log2(e)
+  float scale_dq;    // the signed scale: dQ = scale dS K for the caller's Q
+  bool causal;
+};
+
+// The tiles, the same for every head dim. Bc = 128 keys (8 warps x 16): a larger Bc means
+// fewer passes over Q_i, dO_i and fewer dQ atomics (both scale with Tc = N / Bc).
+// Br = 64 queries per item, set by the registers: per thread, dK_j and dV_j take d fp32
+// (2 x 16 x d / 32); S^T, then dP^T, take Br / 2 fp32 while P^T and dS^T wait packed in T
+// (Br / 4 registers each); and ptxas keeps many swizzled fragment addresses. At d = 128 that
+// is 255 registers with no spill; Br = 128 spills at d = 32 and 64 (the note has the table).
+// dQ_i (Br x d) is split over the 8 warps as 2 x 4 parts of 32 x 32 at d = 128 (each
+// fragment read from shared memory feeds two mma), else as 4 x 2 parts of 16 x d/2.
+template <class T, int D>
+struct BwdConfig {
+  static constexpr int kD = D;
+  static constexpr int kWarps = 8, kThreads = kWarps * 32;
+  static constexpr int kBc = kWarps * 16, kBr = 64;
+  static constexpr int kWarpsQ = D == 128 ? 2 : 4, kWarpsD = kWarps / kWarpsQ;
+  static constexpr int kDQRows = kBr / kWarpsQ, kDQCols = D / kWarpsD;  // a warp's part of dQ_i
+  static constexpr bool kAsync = true;                                  // load_tile: cp.async
+  using QKV = SmemLayout<D, true>;    // K_j, V_j, Q_i, dO_i: rows of d
+  using DSL = SmemLayout<kBr, true>;  // dS^T: Bc rows (keys) of Br (queries)
+  // K_j, V_j; two stages of Q_i, dO_i; two buffers of dS^T (16-bit); two stages of L_i, D_i.
+  static constexpr int kSmemBytes =
+      int(sizeof(T)) * (2 * kBc * D + 2 * 2 * kBr * D + 2 * kBc * kBr) + 4 * 2 * 2 * kBr;
+  static_assert(D % 16 == 0 && kBr % 16 == 0, "mma k16 steps");
+  static_assert(kDQRows % 16 == 0 && kDQCols % 16 == 0, "dQ warp tiles of m16 x (n8 pairs)");
+  static_assert(2 * kBr <= kThreads, "one thread per row copies L_i, one D_i");
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an H100 block can have");
+};
+
+// The fragment loaders below choose their lane -> address maps so that ldmatrix's four
+// registers come out in the order mma.sync reads them: four adjacent registers for A, and
+// for B the pair (b[0], b[1]) of each n8 tile adjacent. (A permutation after the load costs
+// register moves: about 0.6 instructions per mma in this kernel.)
+
+// A operand (the 16x16 block at rows r0, columns c0 of A) from a tile that holds A^T
+// row-major: dS from the dS^T buffer. ldmatrix.trans of the 8x8 block at A^T rows c0..,
+// columns r0.. gives lane (g, t) A[r0 + g][c0 + 2t, +1], register a[0]; the matrices are
+// taken in the order a[0] (A^T rows c0.., columns r0..), a[1] (rows c0.., columns r0 + 8..),
+// a[2] (rows c0 + 8.., columns r0..), a[3].
+template <class L, class T>
+__device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], const T* tile_t, int r0, int c0,
+                                             int lane) {
+  ldmatrix_x4_trans(
+      a, tile_t + L::at(c0 + (lane & 7) + ((lane >> 4) << 3), r0 + ((lane >> 3) & 1) * 8));
+}
+
+// Two B operands from a tile stored [n][k] (Q_i, dO_i: query rows, d columns), like the
+// forward's load_b_nk: b[0..1] for the n8 tile at n0, b[2..3] for n0 + 8, over k0..k0+15.
+// The matrices are taken in the order (n0, k0) (n0, k0 + 8) (n0 + 8, k0) (n0 + 8, k0 + 8),
+// which is b[0], b[1], b[2], b[3]: no moves.
+template <class L, class T>
+__device__ __forceinline__ void load_b_nk_paired(uint32_t (&b)[4], const T* tile, int n0, int k0,
+                                                 int lane) {
+  ldmatrix_x4(b, tile + L::at(n0 + (lane & 7) + ((lane >> 4) << 3), k0 + ((lane >> 3) & 1) * 8));
+}
+
+// ---- pre-pass: D = rowsum(dO o O), L = LSE log2(e), dQ_acc = 0 ----
+
+constexpr int kPrepassThreads = 256, kPrepassRows = kPrepassThreads / 8;  // 8 lanes per row
+
+// Eight lanes per row, each summing 8-element (16-byte) chunks c, c + 8, ... of dO and O in
+// fp32, then three xor-shuffles within the 8. Memory-bound: it reads O and dO once.
+template <class T>
+__global__ void __launch_bounds__(kPrepassThreads) flash_bwd_prepass(const BwdParams p, int d) {
+  const int64_t rows = int64_t(p.batch) * p.heads * p.seq_q;
+  const int sub = threadIdx.x & 7;
+  const int64_t row0 = int64_t(blockIdx.x) * kPrepassRows, row = row0 + threadIdx.x / 8;
+  float acc = 0.f;
+  if (row < rows) {
+    const T* o = static_cast<const T*>(p.o) + row * d;
+    const T* g = static_cast<const T*>(p.dout) + row * d;
+    for (int c = sub * 8; c < d; c += 64) {
+      const uint4 x = *reinterpret_cast<const uint4*>(o + c);
+      const uint4 y = *reinterpret_cast<const uint4*>(g + c);
+      const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 a = unpack2<T>(xs[e]), b = unpack2<T>(ys[e]);
+        acc = fmaf(a.x, b.x, acc);
+        acc = fmaf(a.y, b.y, acc);
+      }
+    }
+  }
+  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+  if (sub == 0 && row < rows) {
+    p.dsum[row] = acc;
+    // exp2(x - (+inf)) = 0 for every x < +inf: a row with no visible key gets P = 0 from
+    // the formula itself, and never exp2(-inf - (-inf)) = NaN.
+    const float lse = p.lse[row];
+    p.lse2[row] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+  }
+  // This block's rows of the dQ accumulator, for the main kernel's atomics.
+  const int64_t mine = rows - row0 < kPrepassRows ? rows - row0 : kPrepassRows;
+  float4* z = reinterpret_cast<float4*>(p.dq_acc + row0 * d);
+  for (int64_t x = threadIdx.x; x < mine * d / 4; x += kPrepassThreads)
+    z[x] = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+// ---- the main kernel ----
+
+template <class T, int D>
+__global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
+    flash_bwd_kernel(const BwdParams p) {
+  using C = BwdConfig<T, D>;
+  using QKV = typename C::QKV;
+  using DSL = typename C::DSL;
+  constexpr int kBr = C::kBr, kBc = C::kBc;
+  constexpr int kNT = kBr / 8;  // n8 tiles of S^T, dP^T per warp (query columns)
+  constexpr int kDT = D / 8;    // n8 tiles of dK_j, dV_j per warp
+  constexpr float kNegInf = -INFINITY;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sK = reinterpret_cast<T*>(smem);                         // Bc x d, K_j (dK_j on the way out)
+  T* sV = sK + kBc * D;                                       // Bc x d, V_j (dV_j on the way out)
+  T* sQ = sV + kBc * D;                                       // 2 stages x Br x d
+  T* sdO = sQ + 2 * kBr * D;                                  // 2 stages x Br x d
+  T* sdS = sdO + 2 * kBr * D;                                 // 2 buffers x Bc x Br: dS^T
+  float* sL = reinterpret_cast<float*>(sdS + 2 * kBc * kBr);  // 2 stages x Br: L_i
+  float* sD = sL + 2 * kBr;                                   // 2 stages x Br: D_i
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;  // the mma fragment coordinates of this lane
+  const int M = p.seq_q, N = p.seq_k;
+  // blockIdx.x is the K/V tile, the fastest grid dimension: the blocks running at one time
+  // are the K/V tiles of a few heads, which read the same Q_i, dO_i (from L2) and add to the
+  // same dQ rows. Under causal masking the first K/V tiles have the most Q tiles to walk.
+  const int j0 = blockIdx.x * kBc, hk = blockIdx.y, b = blockIdx.z;
+  const size_t bhk = size_t(b) * p.heads_kv + hk;
+  const T* K = static_cast<const T*>(p.k) + bhk * N * D;
+  const T* V = static_cast<const T*>(p.v) + bhk * N * D;
+  const T* Q = static_cast<const T*>(p.q);
+  const T* dO = static_cast<const T*>(p.dout);
+
+  // Q tiles that see a key of this tile: under the bottom-right causal mask (key j visible
+  // to query i iff j <= i + N - M) rows i < j0 - (N - M) see none; their tiles are skipped.
+  // An item is one (query head of the group, Q tile i): the block walks the Q tiles from
+  // i_first on of each head hk * group .. hk * group + group - 1 in turn.
+  const int tiles_q = (M + kBr - 1) / kBr;
+  const int i_first = p.causal ? max(0, j0 - (N - M)) / kBr : 0;
+  const int n_items = p.group * (tiles_q - i_first);
+  struct Item {
+    size_t bh;  // batch * heads + query head
+    int i0;     // first query row of the tile
+  };
+  auto next_item = [&](Item it) {
+    it.i0 += kBr;
+    if (it.i0 >= M) it.i0 = i_first * kBr, ++it.bh;
+    return it;
+  };
+
+  // Q_i, dO_i (zero-filled past M), L_i and D_i (zero past M) of an item into stage s.
+  auto load_item = [&](const Item& it, int s) {
+    const size_t bh = it.bh;
+    const int i0 = it.i0;
+    load_tile<C, kBr>(sQ + s * kBr * D, Q + bh * M * D, i0, M, tid);
+    load_tile<C, kBr>(sdO + s * kBr * D, dO + bh * M * D, i0, M, tid);
+    if (tid < 2 * kBr) {
+      const int r = tid % kBr, row = min(i0 + r, M - 1);  // past M: any valid address
+      const float* src = (tid < kBr ? p.lse2 : p.dsum) + bh * M + row;
+      cp_async_4((tid < kBr ? sL : sD) + s * kBr + r, src, i0 + r < M);
+    }
+  };
+
+  // dQ_i += dS K_j for an item (dS^T in buf): a kDQRows x kDQCols part per warp, k = the Bc
+  // keys, then fp32 atomics. Other blocks (the other K/V tiles) add to the same rows.
+  const int wq = warp % C::kWarpsQ, wd = warp / C::kWarpsQ;
+  auto dq_update = [&](const Item& it, const T* buf) {
+    constexpr int kMT = C::kDQRows / 16, kNQ = C::kDQCols / 8;
+    float acc[kMT][kNQ][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNQ; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk) {
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+        load_a_trans<DSL>(a[mt], buf, wq * C::kDQRows + mt * 16, kk * 16, lane);
+#pragma unroll
+      for (int nt = 0; nt < kNQ; nt += 2) {
+        uint32_t bk[4];  // B[k = key][n = d] = K_j[key][d]: stored [k][n], ldmatrix.trans
+        load_b_kn<QKV, true>(bk, sK, kk * 16, wd * C::kDQCols + nt * 8, lane);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_16816<T>(acc[mt][nt], a[mt], bk[0], bk[1]);
+          mma_16816<T>(acc[mt][nt + 1], a[mt], bk[2], bk[3]);
+        }
+      }
+    }
+    const int i0 = it.i0;
+    float* dq = p.dq_acc + (it.bh * M + i0) * D;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int rh = 0; rh < 2; ++rh) {
+        const int r = wq * C::kDQRows + mt * 16 + g + rh * 8;
+        if (i0 + r >= M) continue;
+#pragma unroll
+        for (int nt = 0; nt < kNQ; ++nt)  // red.global.add.v2.f32: the result is unused
+          atomicAdd(
+              reinterpret_cast<float2*>(dq + size_t(r) * D + wd * C::kDQCols + nt * 8 + 2 * t),
+              make_float2(acc[mt][nt][2 * rh], acc[mt][nt][2 * rh + 1]));
+      }
+  };
+
+  const int w_row0 = warp * 16;  // this warp's keys within the tile
+  float acc_dk[kDT][4], acc_dv[kDT][4];
+#pragma unroll
+  for (int nd = 0; nd < kDT; ++nd)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_dk[nd][e] = 0.f, acc_dv[nd][e] = 0.f;
+
+  // This lane's keys (rows g and g + 8 of the warp's slice) see queries q >= q_min: the
+  // causal boundary, shifted to no query at all for keys past N.
+  int q_min[2];
+#pragma unroll
+  for (int rh = 0; rh < 2; ++rh) {
+    const int key = j0 + w_row0 + g + rh * 8;
+    q_min[rh] = key >= N ? M : (p.causal ? key - (N - M) : 0);
+  }
+
+  load_tile<C, kBc>(sK, K, j0, N, tid);
+  load_tile<C, kBc>(sV, V, j0, N, tid);
+  Item cur = {size_t(b) * p.heads + size_t(hk) * p.group, i_first * kBr}, prev = cur;
+  if (n_items > 0) load_item(cur, 0);
+  cp_async_commit();
+
+  for (int x = 0; x < n_items; ++x) {
+    // Item x's tiles (and at x = 0, K_j, V_j) have landed for every thread; every warp is
+    // done with item x - 1 (its stage is loaded next) and has written its dS^T.
+    cp_async_wait_all();
+    __syncthreads();
+    const int s = x & 1;
+    const Item next = next_item(cur);
+    if (x + 1 < n_items) {  // overlaps with all of this item's compute
+      load_item(next, s ^ 1);
+      cp_async_commit();
+    }
+    if (x > 0) dq_update(prev, sdS + (s ^ 1) * kBc * kBr);
+
+    const T* sQi = sQ + s * kBr * D;
+    const T* sdOi = sdO + s * kBr * D;
+    const float* sLi = sL + s * kBr;
+    const float* sDi = sD + s * kBr;
+    const int i0 = cur.i0;
+
+    // S^T = K_j Q_i^T for this warp's 16 keys: A = the warp's rows of K_j,
+    // B[k = d][n = query] = Q_i[query][d], stored [n][k]: plain ldmatrix.
+    float s_t[kNT][4];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s_t[nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t ak[4];
+      load_a<QKV, true>(ak, sK, w_row0, kk * 16, lane);
+#pragma unroll
+      for (int nt = 0; nt < kNT; nt += 2) {
+        uint32_t bq[4];
+        load_b_nk_paired<QKV>(bq, sQi, nt * 8, kk * 16, lane);
+        mma_16816<T>(s_t[nt], ak, bq[0], bq[1]);
+        mma_16816<T>(s_t[nt + 1], ak, bq[2], bq[3]);
+      }
+    }
+
+    // Mask: only tiles that straddle the diagonal, or hold the end of the keys, pay for it.
+    // (Queries past M need none: their Q, dO, L, D rows are zeros, so S = dP = 0, P = 1 and
+    // dS = 0, and P dO = 0: they add exactly nothing.)
+    const bool mask = j0 + kBc > N || (p.causal && j0 + kBc - 1 > i0 + (N - M));
+    if (mask) {
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (i0 + nt * 8 + 2 * t + (e & 1) < q_min[e >> 1]) s_t[nt][e] = kNegInf;
+    }
+
+    // P^T, rounded to T and packed in pairs: p_t[nt][rh] holds key w_row0 + g + 8 rh,
+    // queries 8 nt + 2t and 8 nt + 2t + 1 (the C layout of S^T). The fp32 S^T dies here,
+    // which leaves the registers for dP^T.
+    uint32_t p_t[kNT][2];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      const float2 li = *reinterpret_cast<const float2*>(sLi + nt * 8 + 2 * t);
+#pragma unroll
+      for (int rh = 0; rh < 2; ++rh) {
+        float pe[2];
+        // EXERCISE BEGIN backward-p
+        // P = exp(scale S - LSE) for this lane's two scores s_t[nt][2 rh + e], e = 0, 1
+        // (queries 8 nt + 2t + e), from the saved L = LSE log2(e) (li.x, li.y): one fmaf
+        // with p.scale_log2 and one fast_exp2 each, into pe[e]. Masked scores are -inf, and
+        // L is +inf for a query with no visible key: both already give P = 0.
+        pe[0] = fast_exp2(fmaf(s_t[nt][2 * rh], p.scale_log2, -li.x));
+        pe[1] = fast_exp2(fmaf(s_t[nt][2 * rh + 1], p.scale_log2, -li.y));
+        // EXERCISE END
+        p_t[nt][rh] = pack2<T>(pe[0], pe[1]);
+      }
+    }
+
+    // dP^T = V_j dO_i^T, as S^T.
+    float dp_t[kNT][4];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp_t[nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t av[4];
+      load_a<QKV, true>(av, sV, w_row0, kk * 16, lane);
+#pragma unroll
+      for (int nt = 0; nt < kNT; nt += 2) {
+        uint32_t bo[4];
+        load_b_nk_paired<QKV>(bo, sdOi, nt * 8, kk * 16, lane);
+        mma_16816<T>(dp_t[nt], av, bo[0], bo[1]);
+        mma_16816<T>(dp_t[nt + 1], av, bo[2], bo[3]);
+      }
+    }
+
+    // dS^T = P^T o (dP^T - D_i), from the rounded P (the P that dV uses), packed like P^T.
+    uint32_t ds_t[kNT][2];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      const float2 di = *reinterpret_cast<const float2*>(sDi + nt * 8 + 2 * t);
+#pragma unroll
+      for (int rh = 0; rh < 2; ++rh) {
+        const float2 pe = unpack2<T>(p_t[nt][rh]);
+        float ds[2];
+        // EXERCISE BEGIN backward-ds
+        // dS = P o (dP - D) for this lane's two elements e = 0, 1: P in pe.x, pe.y, dP in
+        // dp_t[nt][2 rh + e], D_i of their queries in di.x, di.y. Into ds[e].
+        ds[0] = pe.x * (dp_t[nt][2 * rh] - di.x);
+        ds[1] = pe.y * (dp_t[nt][2 * rh + 1] - di.y);
+        // EXERCISE END
+        ds_t[nt][rh] = pack2<T>(ds[0], ds[1]);
+      }
+    }
+
+    // dV_j += P^T dO_i and dK_j += dS^T Q_i, k = the Br queries. The C tiles 2kk, 2kk + 1
+    // of P^T (dS^T) are the A fragment of k-step kk, as P in the forward:
+    // a = {tile 2kk rows g, tile 2kk rows g + 8, tile 2kk + 1 rows g, tile 2kk + 1 rows g + 8}.
+    // B[k = query][n = d] = dO_i[query][d]: stored [k][n], ldmatrix.trans. dS^T also goes
+    // to shared memory (a[r] at key row g + 8 (r & 1), queries 16kk + 8 (r >> 1) + 2t) for
+    // the dQ product.
+    T* sdSx = sdS + s * kBc * kBr;
+#pragma unroll
+    for (int kk = 0; kk < kBr / 16; ++kk) {
+      const uint32_t ap[4] = {p_t[2 * kk][0], p_t[2 * kk][1], p_t[2 * kk + 1][0],
+                              p_t[2 * kk + 1][1]};
+      const uint32_t ads[4] = {ds_t[2 * kk][0], ds_t[2 * kk][1], ds_t[2 * kk + 1][0],
+                               ds_t[2 * kk + 1][1]};
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        *reinterpret_cast<uint32_t*>(
+            sdSx + DSL::at(w_row0 + g + 8 * (r & 1), kk * 16 + 8 * (r >> 1) + 2 * t)) = ads[r];
+#pragma unroll
+      for (int nd = 0; nd < kDT; nd += 2) {
+        uint32_t bo[4], bq[4];
+        load_b_kn<QKV, true>(bo, sdOi, kk * 16, nd * 8, lane);
+        mma_16816<T>(acc_dv[nd], ap, bo[0], bo[1]);
+        mma_16816<T>(acc_dv[nd + 1], ap, bo[2], bo[3]);
+        load_b_kn<QKV, true>(bq, sQi, kk * 16, nd * 8, lane);
+        mma_16816<T>(acc_dk[nd], ads, bq[0], bq[1]);
+        mma_16816<T>(acc_dk[nd + 1], ads, bq[2], bq[3]);
+      }
+    }
+    prev = cur, cur = next;
+  }
+
+  // The last item's dQ product, once every warp has written its dS^T.
+  cp_async_wait_all();  // (nothing is in flight here unless there was no item at all)
+  __syncthreads();
+  if (n_items > 0) dq_update(prev, sdS + ((n_items - 1) & 1) * kBc * kBr);
+
+  // dK_j = scale dK_j and dV_j, rounded to T, through this warp's own rows of sK and sV
+  // (every warp has finished reading K_j for dQ: barrier), then 16-byte stores.
+  __syncthreads();
+#pragma unroll
+  for (int nd = 0; nd < kDT; ++nd)
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) {
+      const int at = QKV::at(w_row0 + g + rh * 8, nd * 8 + 2 * t);
+      *reinterpret_cast<uint32_t*>(sK + at) =
+          pack2<T>(p.scale * acc_dk[nd][2 * rh], p.scale * acc_dk[nd][2 * rh + 1]);
+      *reinterpret_cast<uint32_t*>(sV + at) = pack2<T>(acc_dv[nd][2 * rh], acc_dv[nd][2 * rh + 1]);
+    }
+  __syncwarp();
+  T* dK = static_cast<T*>(p.dk) + bhk * N * D;
+  T* dV = static_cast<T*>(p.dv) + bhk * N * D;
+  constexpr int kRowChunks = D / 8, kWarpChunks = 16 * kRowChunks;
+  static_assert(kWarpChunks % 32 == 0, "every lane stores the same number of chunks");
+#pragma unroll
+  for (int it = 0; it < kWarpChunks / 32; ++it) {
+    const int idx = it * 32 + lane, r = w_row0 + idx / kRowChunks, c = idx % kRowChunks;
+    if (j0 + r < N) {
+      const size_t to = size_t(j0 + r) * D + c * 8;
+      *reinterpret_cast<uint4*>(dK + to) = *reinterpret_cast<const uint4*>(sK + QKV::at(r, c * 8));
+      *reinterpret_cast<uint4*>(dV + to) = *reinterpret_cast<const uint4*>(sV + QKV::at(r, c * 8));
+    }
+  }
+}
+
+// ---- post-pass: dQ = scale_dq * dQ_acc in T, 4 elements per thread and step ----
+
+template <class T>
+__global__ void __launch_bounds__(256) flash_bwd_dq(const BwdParams p, int d) {
+  const int64_t n4 = int64_t(p.batch) * p.heads * p.seq_q * d / 4;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t x = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; x < n4; x += stride) {
+    const float4 a = reinterpret_cast<const float4*>(p.dq_acc)[x];
+    reinterpret_cast<uint2*>(p.dq)[x] = make_uint2(pack2<T>(p.scale_dq * a.x, p.scale_dq * a.y),
+                                                   pack2<T>(p.scale_dq * a.z, p.scale_dq * a.w));
+  }
+}
+
+// What the host needs to run the backward of one (T, d): three launches, each followed by
+// the caller's launch check.
+struct BwdKernel {
+  const void* fn = nullptr;  // the main kernel, for attributes and occupancy queries
+  void (*prepass)(const BwdParams&) = nullptr;
+  void (*main)(const BwdParams&) = nullptr;
+  void (*finish)(const BwdParams&) = nullptr;
+  int br = 0, bc = 0, warps = 0, smem_bytes = 0;
+};
+
+template <class T, int D>
+void launch_bwd_prepass(const BwdParams& p) {
+  const int64_t rows = int64_t(p.batch) * p.heads * p.seq_q;
+  flash_bwd_prepass<T>
+      <<<unsigned((rows + kPrepassRows - 1) / kPrepassRows), kPrepassThreads>>>(p, D);
+}
+
+template <class T, int D>
+void launch_bwd_main(const BwdParams& p) {
+  using C = BwdConfig<T, D>;
+  const dim3 grid(unsigned((p.seq_k + C::kBc - 1) / C::kBc), unsigned(p.heads_kv),
+                  unsigned(p.batch));
+  flash_bwd_kernel<T, D><<<grid, C::kThreads, C::kSmemBytes>>>(p);
+}
+
+template <class T, int D>
+void launch_bwd_dq(const BwdParams& p) {
+  const int64_t n4 = int64_t(p.batch) * p.heads * p.seq_q * D / 4;
+  const int64_t blocks = (n4 + 255) / 256;
+  flash_bwd_dq<T><<<unsigned(blocks < 65536 ? blocks : 65536), 256>>>(p, D);
+}
+
+template <class T, int D>
+BwdKernel bwd_kernel() {
+  using C = BwdConfig<T, D>;
+  BwdKernel k;
+  k.fn = reinterpret_cast<const void*>(&flash_bwd_kernel<T, D>);
+  k.prepass = &launch_bwd_prepass<T, D>;
+  k.main = &launch_bwd_main<T, D>;
+  k.finish = &launch_bwd_dq<T, D>;
+  k.br = C::kBr, k.bc = C::kBc, k.warps = C::kWarps, k.smem_bytes = C::kSmemBytes;
+  return k;
+}
+
+}  // namespace ladder::tc
