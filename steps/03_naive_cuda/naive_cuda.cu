@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "cuda_util.cuh"
+#include "exercise.hpp"
 #include "step.hpp"
 
 namespace ladder {
@@ -118,14 +119,20 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t N = s.seq_k, n = s.visible_keys(row % s.seq_q);
   const float* Si = S + row * N;
   float* Pi = P + row * N;
-  float m = -INFINITY;  // pass 1: the row max (the "safe" shift)
-  for (int64_t j = lane; j < n; j += kWarp) m = fmaxf(m, Si[j]);
+  float m = -INFINITY, l = 0.f;
+  // EXERCISE BEGIN softmax-row
+  // Step 01's three passes, the row shared by the warp's 32 lanes (lane, lane + 32, ...):
+  // pass 1 the max of the n visible S_ij into m (combine lanes with warp_max), pass 2 the sum
+  // of exp(S_ij - m) into l (warp_sum), pass 3 write P_ij = exp(S_ij - m) / l for j < n and 0
+  // for the masked keys j in [n, N).
+  for (int64_t j = lane; j < n; j += kWarp) m = fmaxf(m, Si[j]);  // pass 1: the row max
   m = warp_max(m);
-  float l = 0.f;  // pass 2: l_i = sum_j exp(S_ij - m_i); n >= 1 makes m finite and l >= 1
+  // pass 2: l_i = sum_j exp(S_ij - m_i); n >= 1 makes m finite and l >= 1
   for (int64_t j = lane; j < n; j += kWarp) l += expf(Si[j] - m);
   l = warp_sum(l);
   for (int64_t j = lane; j < N; j += kWarp)  // pass 3: normalise (masked keys: P_ij = 0)
     Pi[j] = j < n ? expf(Si[j] - m) / l : 0.f;
+  // EXERCISE END
   if (lane == 0) lse[row] = n > 0 ? m + logf(l) : -INFINITY;
 }
 

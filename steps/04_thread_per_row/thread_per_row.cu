@@ -26,6 +26,7 @@
 #include <string>
 
 #include "cuda_util.cuh"
+#include "exercise.hpp"
 #include "step.hpp"
 
 namespace ladder {
@@ -82,6 +83,10 @@ __global__ void __launch_bounds__(kThreads)
       dot += q[c + 3] * x.w;
     }
     const float sij = s.scale * dot;
+    // EXERCISE BEGIN online-update
+    // Fold key j (score sij, value row Vh + j * D) into m, l and the unnormalised o[0..D):
+    // m_new = max(m, sij); rescale l and o by exp(m - m_new); add exp(sij - m_new) to l and
+    // exp(sij - m_new) * V_j to o (float4 loads of V_j); then m = m_new. No division here.
     const float m_new = fmaxf(m, sij);    // finite from the first key on
     const float alpha = expf(m - m_new);  // rescales what was summed under the old max (0 at j=0)
     const float pij = expf(sij - m_new);
@@ -96,6 +101,7 @@ __global__ void __launch_bounds__(kThreads)
       o[c + 3] = alpha * o[c + 3] + pij * x.w;
     }
     m = m_new;
+    // EXERCISE END
   }
 
   // One division at the end; l == 0 only when no key is visible (then O_i = 0, LSE_i = -inf).
