@@ -89,8 +89,9 @@ def parse_row(d):
     return r
 
 
-def load(path):
-    """The rows of one results file; for a point measured twice, the later row wins."""
+def load(path, latest=True):
+    """The rows of one results file; for a point measured twice, the later row wins (with
+    latest=False: every row, in file order, for same-call comparisons)."""
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
@@ -104,6 +105,9 @@ def load(path):
                 r = parse_row(d)
             except (ValueError, TypeError, KeyError) as e:
                 print(f"figures: {path}:{line}: skipped ({e})", file=sys.stderr)
+                continue
+            if not latest:
+                rows[(line,)] = r
                 continue
             rows.pop(r.key(), None)  # re-insert: keeps file order for the newest row
             rows[r.key()] = r
@@ -414,7 +418,7 @@ def table_seq(rungs):
     return max(seqs, key=lambda s: (count[s], s))
 
 
-def results_table(rows, gpu_tag, csv_path, names, figures):
+def results_table(rows, history, gpu_tag, csv_path, names, figures):
     flash = [r for r in rows if r.flash_shape]
     rungs = [r for r in flash if not r.peer and r.dtype in TABLE_PEER]
     if not rungs:
@@ -423,10 +427,21 @@ def results_table(rows, gpu_tag, csv_path, names, figures):
     seq = table_seq(rungs)
     at = {r.key(): r for r in flash if r.seq_q == seq}
 
+    def row(step, dtype, dim, causal, direction):
+        return at.get((step, dtype, TOKENS // seq if TOKENS >= seq else 1, HIDDEN // dim,
+                       HIDDEN // dim, seq, seq, dim, causal, direction))
+
     def tf(step, dtype, dim, causal, direction):
-        r = at.get((step, dtype, TOKENS // seq if TOKENS >= seq else 1, HIDDEN // dim,
-                    HIDDEN // dim, seq, seq, dim, causal, direction))
+        r = row(step, dtype, dim, causal, direction)
         return r.tflops if r else None
+
+    def peer_tf(rung, peer):
+        """The peer measured in the same call as the rung's row (its commit column)."""
+        if rung is None:
+            return None
+        key = (peer,) + rung.key()[1:]
+        same = [h for h in history if h.key() == key and h.commit == rung.commit]
+        return same[-1].tflops if same else None
 
     step_rows = [r for r in rows if not r.peer]
     peer_rows = [r for r in rows if r.peer]
@@ -444,7 +459,8 @@ def results_table(rows, gpu_tag, csv_path, names, figures):
         meta.append(f"commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}")
     out += [" · ".join(meta) + ".", ""]
     out += [f"TFLOP/s at seq {seq} (B = {max(1, TOKENS // seq)}, H·d = {HIDDEN}); "
-            "a ratio is the rung's TFLOP/s over its peer's, both measured on this GPU.", ""]
+            "a ratio is the rung's TFLOP/s over its peer's measured in the same GPU call "
+            "(the same commit column), side by side.", ""]
     out += ["| rung | dtype | d | causal | fwd | bwd | peer: fwd / bwd | fwd ratio | bwd ratio |",
             "|---|---|---|---|--:|--:|---|--:|--:|"]
     points = sorted({(r.step, r.dtype, r.dim, r.causal) for r in rungs if r.seq_q == seq},
@@ -452,7 +468,8 @@ def results_table(rows, gpu_tag, csv_path, names, figures):
     for step, dtype, dim, causal in points:
         peer = TABLE_PEER[dtype]
         f, b = tf(step, dtype, dim, causal, "fwd"), tf(step, dtype, dim, causal, "bwd")
-        pf, pb = tf(peer, dtype, dim, causal, "fwd"), tf(peer, dtype, dim, causal, "bwd")
+        pf = peer_tf(row(step, dtype, dim, causal, "fwd"), peer)
+        pb = peer_tf(row(step, dtype, dim, causal, "bwd"), peer)
         peer_cell = f"{peer} {dtype}: {fmt_tf(pf)} / {fmt_tf(pb)}" if pf or pb else "—"
         out.append(f"| `{label(step, names)}` | {dtype} | {dim} | {'yes' if causal else 'no'} | "
                    f"{fmt_tf(f)} | {fmt_tf(b)} | {peer_cell} | {fmt_ratio(f, pf)} | "
@@ -545,7 +562,7 @@ def main(argv=None):
             svg_rel = [w.resolve().relative_to(readme.resolve().parent) for w in svgs]
         except ValueError:  # outside the README's tree (development runs): absolute paths
             csv_rel, svg_rel = str(path), svgs
-        body += results_table(rows, tag, csv_rel, names, svg_rel)
+        body += results_table(rows, load(path, latest=False), tag, csv_rel, names, svg_rel)
     changed = update_readme(readme, "\n".join(body))
     print(f"figures: {readme.name} results table {'updated' if changed else 'unchanged'}")
     return 0
