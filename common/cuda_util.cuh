@@ -33,7 +33,8 @@ inline void cuda_check(cudaError_t e, const char* what, const char* file, int li
 }
 #define CUDA_CHECK(expr) ::ladder::cuda_check((expr), #expr, __FILE__, __LINE__)
 // After every launch: the launch itself, then (synchronously) the kernel's execution.
-#define CUDA_CHECK_LAUNCH() ::ladder::cuda_check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+#define CUDA_CHECK_LAUNCH() \
+  ::ladder::cuda_check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
 
 // Throws NoDevice (exit 3) when no CUDA device is usable; returns its properties.
 inline cudaDeviceProp require_device() {
@@ -55,8 +56,9 @@ inline void require_free_memory(double bytes, const std::string& what) {
   size_t free_b = 0, total_b = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   if (bytes > double(free_b) * 0.95)
-    throw BadInput(what + " needs " + std::to_string(bytes / double(1 << 30)) + " GiB of device memory; " +
-                   std::to_string(double(free_b) / double(1 << 30)) + " GiB are free");
+    throw BadInput(what + " needs " + std::to_string(bytes / double(1 << 30)) +
+                   " GiB of device memory; " + std::to_string(double(free_b) / double(1 << 30)) +
+                   " GiB are free");
 }
 
 // An owning device array of T.
@@ -81,7 +83,8 @@ class DeviceBuffer {
   size_t size() const { return n_; }
   size_t bytes() const { return n_ * sizeof(T); }
   void upload(const std::vector<T>& h) {
-    CUDA_CHECK(cudaMemcpy(p_, h.data(), std::min(h.size(), n_) * sizeof(T), cudaMemcpyHostToDevice));
+    CUDA_CHECK(
+        cudaMemcpy(p_, h.data(), std::min(h.size(), n_) * sizeof(T), cudaMemcpyHostToDevice));
   }
   std::vector<T> download() const {
     std::vector<T> h(n_);
@@ -98,7 +101,9 @@ class DeviceBuffer {
 };
 
 // Host conversions of a (double) tensor to the device element types, and back.
-inline std::vector<float> host_f32(const Tensor& t) { return std::vector<float>(t.data.begin(), t.data.end()); }
+inline std::vector<float> host_f32(const Tensor& t) {
+  return std::vector<float>(t.data.begin(), t.data.end());
+}
 inline std::vector<__half> host_f16(const Tensor& t) {
   std::vector<__half> h(t.data.size());
   for (size_t i = 0; i < h.size(); ++i) h[i] = __float2half_rn(float(t.data[i]));

@@ -17,7 +17,7 @@ struct NotImplemented : std::runtime_error {
 #if defined(__CUDA_ARCH__)
 #define LADDER_TODO(region) __trap()
 #else
-#define LADDER_TODO(region)                                                             \
-  throw ::ladder::NotImplemented(std::string("not implemented: exercise region '") + \
-                                 (region) + "' in " + __FILE__ + " (see the hint above it)")
+#define LADDER_TODO(region)                                                                     \
+  throw ::ladder::NotImplemented(std::string("not implemented: exercise region '") + (region) + \
+                                 "' in " + __FILE__ + " (see the hint above it)")
 #endif
