@@ -318,3 +318,31 @@ TEST_CASE("steps: verify fails a step that leaves output unwritten", "[steps]") 
     }
   }
 }
+
+TEST_CASE("variants and the backward can cover fewer dtypes and dims than the step", "[steps]") {
+  Step s;
+  s.number = 9;
+  s.name = "09_fake";
+  s.caps.dtypes = {DType::bf16, DType::f16};
+  s.caps.head_dims = {64, 128, 256};
+  s.caps.backward = true;
+  s.caps.backward_head_dims = {64, 128};
+  s.variants = {{"full", "everything", true},
+                {"teaching", "bf16, d 64 only", true, {DType::bf16}, {64}}};
+  Problem p = testing::problem(1, 2, 2, 8, 8, 64, false);
+  p.dtype = DType::bf16;
+  CHECK(s.unsupported(p).empty());
+  CHECK(s.unsupported(p, "teaching").empty());
+  p.dtype = DType::f16;
+  CHECK(s.unsupported(p, "full").empty());
+  CHECK_THAT(s.unsupported(p, "teaching"), Contains("variant 'teaching'") && Contains("bf16"));
+  p.dtype = DType::bf16;
+  p.dim = 128;
+  CHECK_THAT(s.unsupported(p, "teaching"), Contains("--dim 64 only"));
+  p.dim = 256;
+  CHECK(s.unsupported(p).empty());  // forward at d = 256
+  p.backward = true;
+  CHECK_THAT(s.unsupported(p), Contains("backward supports --dim 64 128"));
+  CHECK_FALSE(s.backward_supports(256));
+  CHECK(s.backward_supports(128));
+}
