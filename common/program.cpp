@@ -107,17 +107,33 @@ RunOptions resolve_run_options(const Step& s, const CommonOptions& o) {
   return r;
 }
 
+void require_runnable(const Step& s, const Problem& p, const std::string& variant) {
+  const std::string bad_variant = s.unknown_variant(variant);
+  if (!bad_variant.empty()) throw BadInput(bad_variant);
+  const std::string why = s.unsupported(p, variant);
+  if (!why.empty()) throw BadInput(why);
+}
+
 CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const RunOptions& ro,
                        CheckMode mode) {
-  const std::string bad_variant = s.unknown_variant(ro.variant);
-  if (!bad_variant.empty()) throw BadInput(bad_variant);
-  const std::string why = s.unsupported(p, ro.variant);
-  if (!why.empty()) throw BadInput(why);
+  require_runnable(s, p, ro.variant);
   CheckedRun c;
   c.out = Outputs::poisoned(p);
   c.result = s.run(p, in, c.out, ro);
   c.check = verify(p, in, c.out, mode);
   return c;
+}
+
+size_t save_outputs(const std::string& dir, const Outputs& out, bool backward, bool as_f64) {
+  std::vector<std::pair<std::string, const Tensor*>> files = {{"o.npy", &out.o},
+                                                              {"lse.npy", &out.lse}};
+  if (backward) {
+    files.push_back({"dq.npy", &out.dq});
+    files.push_back({"dk.npy", &out.dk});
+    files.push_back({"dv.npy", &out.dv});
+  }
+  write_npy_files(dir, files, as_f64);
+  return files.size();
 }
 
 double tflops(const Problem& p, double ms, bool backward) {
@@ -135,13 +151,8 @@ int run_step_cli(const Step& s, const CommonOptions& o) {
     // Fail on bad input before any work: shapes, capabilities, variant, the output directory.
     const CheckMode mode = check_options(o, p);
     Inputs in = obtain_inputs(o, p);
-    const std::string why = s.unsupported(p);
-    if (!why.empty()) throw BadInput(why);
     const RunOptions ro = resolve_run_options(s, o);
-    const std::string bad_variant = s.unknown_variant(ro.variant);
-    if (!bad_variant.empty()) throw BadInput(bad_variant);
-    const std::string why_variant = s.unsupported(p, ro.variant);
-    if (!why_variant.empty()) throw BadInput(why_variant);
+    require_runnable(s, p, ro.variant);
 
     const std::string variant = ro.variant.empty() ? s.variants.front().name : ro.variant;
     std::cout << s.name << " [" << variant << "]: " << p.describe() << "\n";
@@ -150,15 +161,8 @@ int run_step_cli(const Step& s, const CommonOptions& o) {
     std::cout << "  check vs float64 oracle (" << c.check.mode << ")\n" << c.check.summary();
 
     if (!o.save.empty()) {
-      std::vector<std::pair<std::string, const Tensor*>> files = {{"o.npy", &c.out.o},
-                                                                  {"lse.npy", &c.out.lse}};
-      if (p.backward) {
-        files.push_back({"dq.npy", &c.out.dq});
-        files.push_back({"dk.npy", &c.out.dk});
-        files.push_back({"dv.npy", &c.out.dv});
-      }
-      write_npy_files(o.save, files, o.save_f64);
-      std::cout << "  saved " << files.size() << " files to " << o.save
+      const size_t n = save_outputs(o.save, c.out, p.backward, o.save_f64);
+      std::cout << "  saved " << n << " files to " << o.save
                 << (o.save_f64 ? " (float64)" : " (float32)") << "\n";
     }
     if (!c.check.pass) {

@@ -2,6 +2,7 @@
 // resolve the problem, make or load the inputs, run the step on poisoned outputs,
 // check against the float64 oracle, save all-or-nothing, report.
 #pragma once
+#include <cstddef>
 #include <string>
 
 #include "check.hpp"
@@ -33,6 +34,12 @@ struct CheckedRun {
   RunResult result;
   CheckReport check;
 };
+
+// Throws BadInput unless the step has `variant` (empty: the default) and it can run p.
+void require_runnable(const Step& s, const Problem& p, const std::string& variant);
+
+// Writes o.npy, lse.npy (and dq, dk, dv.npy with backward) to dir, all or none; returns how many.
+size_t save_outputs(const std::string& dir, const Outputs& out, bool backward, bool as_f64);
 
 // Checks the step supports p (BadInput if not), runs it on poisoned outputs and verifies.
 CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const RunOptions& ro,

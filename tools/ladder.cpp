@@ -515,16 +515,8 @@ int cmd_compare(const CompareArgs& a) {
       row.failed = true;
       row.note = std::string("the run failed: ") + e.what();
     }
-    if (!o.save.empty() && row.ran && !c.out.o.empty()) {  // a failed check's outputs too
-      std::vector<std::pair<std::string, const Tensor*>> files = {{"o.npy", &c.out.o},
-                                                                  {"lse.npy", &c.out.lse}};
-      if (ps.backward) {
-        files.push_back({"dq.npy", &c.out.dq});
-        files.push_back({"dk.npy", &c.out.dk});
-        files.push_back({"dv.npy", &c.out.dv});
-      }
-      write_npy_files((fs::path(o.save) / s.name).string(), files, o.save_f64);
-    }
+    if (!o.save.empty() && row.ran && !c.out.o.empty())  // a failed check's outputs too
+      save_outputs((fs::path(o.save) / s.name).string(), c.out, ps.backward, o.save_f64);
     rows.push_back(row);
   }
   progress.clear();
