@@ -13,8 +13,8 @@ ErrorStats compare(const std::vector<double>& got, const std::vector<double>& re
   ErrorStats e;
   auto visit = [&](int64_t i) {
     const double g = got[size_t(i)], r = ref[size_t(i)];
-    if (!std::isfinite(r)) {
-      if (g != r && e.bad++ == 0) e.first_bad = i;  // -inf LSE must be exactly -inf
+    if (!std::isfinite(r)) {  // -inf LSE must be exactly -inf (NaN only matches NaN)
+      if (g != r && !(std::isnan(g) && std::isnan(r)) && e.bad++ == 0) e.first_bad = i;
       return;
     }
     if (!std::isfinite(g)) {

@@ -18,7 +18,7 @@ struct ErrorStats {
   double max_rel = 0;      // max_abs / max |ref|
   double ref_max = 0;      // max |ref| over finite elements
   int64_t where = -1;      // flat index of max_abs
-  int64_t bad = 0;         // non-finite where the reference is finite, or a wrong infinity
+  int64_t bad = 0;         // non-finite where the reference is finite, or a wrong infinity/NaN
   int64_t first_bad = -1;  // flat index of the first such element
 };
 

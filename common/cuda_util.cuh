@@ -93,7 +93,6 @@ class DeviceBuffer {
   }
   // All bytes 0xFF: NaN for float, half and bfloat16, so unwritten outputs fail the check.
   void poison() { CUDA_CHECK(cudaMemset(p_, 0xFF, n_ * sizeof(T))); }
-  void zero() { CUDA_CHECK(cudaMemset(p_, 0, n_ * sizeof(T))); }
 
  private:
   T* p_ = nullptr;

@@ -26,10 +26,6 @@ bool parse_input_kind(const std::string& s, InputKind& out) {
   return true;
 }
 
-const char* input_kind_name(InputKind k) {
-  return k == InputKind::normal ? "normal" : "large";
-}
-
 namespace {
 // Normal values with a mean shift; `row_boost` scales every 13th row up.
 void fill(Tensor& t, std::mt19937_64& rng, double shift, double scale, double row_boost) {

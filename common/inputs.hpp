@@ -26,7 +26,6 @@ struct Outputs {
 //          shift overflows even in float64 (exp(710) = inf).
 enum class InputKind { normal, large };
 bool parse_input_kind(const std::string& s, InputKind& out);
-const char* input_kind_name(InputKind k);
 
 // Draws Q, K, V (and dO when p.backward) and rounds them to p.dtype.
 Inputs make_inputs(const Problem& p, InputKind kind = InputKind::normal);
