@@ -58,19 +58,22 @@ struct BwdParams {
   bool causal;
 };
 
-// The tiles, the same for every head dim. Bc = 128 keys (8 warps x 16): a larger Bc means
-// fewer passes over Q_i, dO_i and fewer dQ atomics (both scale with Tc = N / Bc).
-// Br = 64 queries per item, set by the registers: per thread, dK_j and dV_j take d fp32
+// The tiles. Bc = 128 keys (8 warps x 16): a larger Bc means fewer passes over Q_i, dO_i and
+// fewer dQ atomics (both scale with Tc = N / Bc).
+// Br queries per item, set by the registers: per thread, dK_j and dV_j take d fp32
 // (2 x 16 x d / 32); S^T, then dP^T, take Br / 2 fp32 while P^T and dS^T wait packed in T
-// (Br / 4 registers each); and ptxas keeps many swizzled fragment addresses. At d = 128 that
-// is 255 registers with no spill; Br = 128 spills at d = 32 and 64 (the note has the table).
+// (Br / 4 registers each); and ptxas keeps many swizzled fragment addresses. Br = 64 at
+// d = 128 is 255 registers with no spill. At d = 64, Br = 128 (255 registers, 4 bytes
+// spilled) is 3% faster than Br = 64: every K_j, V_j fragment and the dQ product's reads of
+// K_j serve twice the queries, 11% less shared-memory traffic per query. d = 32 and 96 keep
+// Br = 64 (Br = 128 spills more at d = 32 and was not measured).
 // dQ_i (Br x d) is split over the 8 warps as 2 x 4 parts of 32 x 32 at d = 128 (each
-// fragment read from shared memory feeds two mma), else as 4 x 2 parts of 16 x d/2.
+// fragment read from shared memory feeds two mma), else as 4 x 2 parts of Br/4 x d/2.
 template <class T, int D>
 struct BwdConfig {
   static constexpr int kD = D;
   static constexpr int kWarps = 8, kThreads = kWarps * 32;
-  static constexpr int kBc = kWarps * 16, kBr = 64;
+  static constexpr int kBc = kWarps * 16, kBr = D == 64 ? 128 : 64;
   static constexpr int kWarpsQ = D == 128 ? 2 : 4, kWarpsD = kWarps / kWarpsQ;
   static constexpr int kDQRows = kBr / kWarpsQ, kDQCols = D / kWarpsD;  // a warp's part of dQ_i
   static constexpr bool kAsync = true;                                  // load_tile: cp.async
@@ -250,19 +253,35 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
         }
       }
     }
+    // A lane holds 2 adjacent floats of a row per n8 tile. One exchange with the lane next
+    // to it (t ^ 1) gives each lane 4 adjacent floats (even t: tile nt, odd t: tile nt + 1),
+    // so every 16-byte piece goes out as one red.global.add.v4.f32 (sm_90): half the atomic
+    // instructions of float2, which ncu showed queueing behind the atomics (+4-6% measured).
     const int i0 = it.i0;
     float* dq = p.dq_acc + (it.bh * M + i0) * D;
+    const bool odd = t & 1;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
       for (int rh = 0; rh < 2; ++rh) {
         const int r = wq * C::kDQRows + mt * 16 + g + rh * 8;
-        if (i0 + r >= M) continue;
+        float4 v[kNQ / 2];
 #pragma unroll
-        for (int nt = 0; nt < kNQ; ++nt)  // red.global.add.v2.f32: the result is unused
-          atomicAdd(
-              reinterpret_cast<float2*>(dq + size_t(r) * D + wd * C::kDQCols + nt * 8 + 2 * t),
-              make_float2(acc[mt][nt][2 * rh], acc[mt][nt][2 * rh + 1]));
+        for (int nt = 0; nt < kNQ; nt += 2) {
+          const float2 a = make_float2(acc[mt][nt][2 * rh], acc[mt][nt][2 * rh + 1]);
+          const float2 bb = make_float2(acc[mt][nt + 1][2 * rh], acc[mt][nt + 1][2 * rh + 1]);
+          const float2 send = odd ? a : bb;
+          const float2 got = make_float2(__shfl_xor_sync(0xffffffffu, send.x, 1),
+                                         __shfl_xor_sync(0xffffffffu, send.y, 1));
+          v[nt / 2] =
+              odd ? make_float4(got.x, got.y, bb.x, bb.y) : make_float4(a.x, a.y, got.x, got.y);
+        }
+        if (i0 + r >= M) continue;  // (after the shuffles: every lane takes part in them)
+#pragma unroll
+        for (int nt = 0; nt < kNQ; nt += 2)
+          atomicAdd(reinterpret_cast<float4*>(dq + size_t(r) * D + wd * C::kDQCols +
+                                              (nt + (odd ? 1 : 0)) * 8 + 2 * (t & 2)),
+                    v[nt / 2]);
       }
   };
 

@@ -384,7 +384,8 @@ const Step& step_06() {
     s.caps.limits =
         "tiles fixed per head dim (Br x Bc: 128 x 128 for d <= 64, 128 x 64 above); variants "
         "other than 'full' are built for bf16 with d 64 and 128 only; the backward runs d 32, "
-        "64, 96 and 128 (Bc = 128 keys x Br = 64 queries) and, by its fp32 atomics, is not "
+        "64, 96 and 128 (Bc = 128 keys x Br = 64 queries, 128 at d = 64) and, by its fp32 atomics, "
+        "is not "
         "bitwise reproducible in dQ";
     for (const FwdVariant& v : kVariants) {
       if (v.flags == kAll)
