@@ -9,17 +9,19 @@
 
 namespace ladder {
 
-ErrorStats compare(const std::vector<double>& got, const std::vector<double>& ref) {
+namespace {
+// The serial comparison of elements [begin, end).
+ErrorStats compare_range(const double* got, const double* ref, int64_t begin, int64_t end) {
   ErrorStats e;
-  auto visit = [&](int64_t i) {
-    const double g = got[size_t(i)], r = ref[size_t(i)];
+  for (int64_t i = begin; i < end; ++i) {
+    const double g = got[i], r = ref[i];
     if (!std::isfinite(r)) {  // -inf LSE must be exactly -inf (NaN only matches NaN)
       if (g != r && !(std::isnan(g) && std::isnan(r)) && e.bad++ == 0) e.first_bad = i;
-      return;
+      continue;
     }
     if (!std::isfinite(g)) {
       if (e.bad++ == 0) e.first_bad = i;
-      return;
+      continue;
     }
     e.ref_max = std::max(e.ref_max, std::fabs(r));
     const double d = std::fabs(g - r);
@@ -27,8 +29,30 @@ ErrorStats compare(const std::vector<double>& got, const std::vector<double>& re
       e.max_abs = d;
       e.where = i;
     }
-  };
-  for (int64_t i = 0; i < int64_t(ref.size()); ++i) visit(i);
+  }
+  return e;
+}
+}  // namespace
+
+ErrorStats compare(const std::vector<double>& got, const std::vector<double>& ref) {
+  // Contiguous chunks (in parallel), merged in index order, so the result is the serial
+  // pass's: where is the lowest index of the max, first_bad the lowest bad index.
+  const int64_t n = int64_t(ref.size());
+  const int chunks = parallel_chunk_count(n);
+  std::vector<ErrorStats> part(static_cast<size_t>(chunks));
+  parallel_chunks(n, chunks, [&](int c, int64_t begin, int64_t end) {
+    part[size_t(c)] = compare_range(got.data(), ref.data(), begin, end);
+  });
+  ErrorStats e;
+  for (const ErrorStats& x : part) {
+    if (x.bad > 0 && e.bad == 0) e.first_bad = x.first_bad;
+    e.bad += x.bad;
+    e.ref_max = std::max(e.ref_max, x.ref_max);
+    if (x.where >= 0 && (e.where < 0 || x.max_abs > e.max_abs)) {
+      e.max_abs = x.max_abs;
+      e.where = x.where;
+    }
+  }
   e.max_rel = e.ref_max > 0 ? e.max_abs / e.ref_max : e.max_abs;
   return e;
 }
@@ -129,9 +153,16 @@ CheckReport verify(const Problem& p, const Inputs& in, const Outputs& got, Check
   // dP - D = 0) is not held to a tolerance of zero just because the plain loop happened to
   // cancel exactly too. O mixes rows of V; dV sums P dO; dQ, dK sum scale * P (dP - D) K or Q.
   const double eps = dtype_eps(p.dtype);
-  auto max_abs = [](const Tensor& t) {
+  auto max_abs = [](const Tensor& t) {  // chunks in parallel; max does not depend on order
+    const int chunks = parallel_chunk_count(t.numel());
+    std::vector<double> part(size_t(chunks), 0.0);
+    parallel_chunks(t.numel(), chunks, [&](int c, int64_t begin, int64_t end) {
+      double m = 0;
+      for (int64_t i = begin; i < end; ++i) m = std::max(m, std::fabs(t.data[size_t(i)]));
+      part[size_t(c)] = m;
+    });
     double m = 0;
-    for (double x : t.data) m = std::max(m, std::fabs(x));
+    for (double x : part) m = std::max(m, x);
     return m;
   };
   const double mq = max_abs(in.q), mk = max_abs(in.k), mv = max_abs(in.v);

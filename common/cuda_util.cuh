@@ -6,8 +6,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "error.hpp"
@@ -99,23 +101,38 @@ class DeviceBuffer {
   size_t n_ = 0;
 };
 
-// Host conversions of a (double) tensor to the device element types, and back.
+// Host conversions of a (double) tensor to the device element types, and back. The loops
+// live in common/tensor.cpp (plain C++, on OpenMP threads); __half and __nv_bfloat16 are
+// 16-bit standard-layout structs, so their storage is written and read as uint16_t bits
+// (reinterpret_cast, as CUTLASS does), with the same rounding as __float2half_rn and
+// __float2bfloat16_rn.
+static_assert(sizeof(__half) == sizeof(uint16_t) && sizeof(__nv_bfloat16) == sizeof(uint16_t),
+              "16-bit device types");
 inline std::vector<float> host_f32(const Tensor& t) {
-  return std::vector<float>(t.data.begin(), t.data.end());
+  std::vector<float> h(t.data.size());
+  to_f32(t, h.data());
+  return h;
 }
 inline std::vector<__half> host_f16(const Tensor& t) {
   std::vector<__half> h(t.data.size());
-  for (size_t i = 0; i < h.size(); ++i) h[i] = __float2half_rn(float(t.data[i]));
+  to_f16_bits(t, reinterpret_cast<uint16_t*>(h.data()));
   return h;
 }
 inline std::vector<__nv_bfloat16> host_bf16(const Tensor& t) {
   std::vector<__nv_bfloat16> h(t.data.size());
-  for (size_t i = 0; i < h.size(); ++i) h[i] = __float2bfloat16_rn(float(t.data[i]));
+  to_bf16_bits(t, reinterpret_cast<uint16_t*>(h.data()));
   return h;
 }
 template <class T>
 void to_tensor(const std::vector<T>& h, Tensor& t) {
-  for (size_t i = 0; i < h.size() && i < t.data.size(); ++i) t.data[i] = double(float(h[i]));
+  if constexpr (std::is_same_v<T, float>)
+    from_f32(h.data(), h.size(), t);
+  else if constexpr (std::is_same_v<T, __half>)
+    from_f16_bits(reinterpret_cast<const uint16_t*>(h.data()), h.size(), t);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    from_bf16_bits(reinterpret_cast<const uint16_t*>(h.data()), h.size(), t);
+  else
+    for (size_t i = 0; i < h.size() && i < t.data.size(); ++i) t.data[i] = double(float(h[i]));
 }
 
 // Writes 2x the L2 size so that the next timed run finds its inputs in HBM, not L2.

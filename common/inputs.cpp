@@ -60,8 +60,13 @@ Inputs make_inputs(const Problem& p, InputKind kind) {
 }
 
 void round_inputs(Inputs& in, DType t) {
-  for (Tensor* x : {&in.q, &in.k, &in.v, &in.dout})
-    for (double& v : x->data) v = round_to(t, v);
+  if (t == DType::f64) return;
+  for (Tensor* x : {&in.q, &in.k, &in.v, &in.dout}) {
+    double* d = x->data.data();
+    parallel_for(x->numel(), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) d[i] = round_to(t, d[i]);
+    });
+  }
 }
 
 }  // namespace ladder

@@ -124,6 +124,39 @@ CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const 
   return c;
 }
 
+void repoison(Outputs& out, const Problem& p) {
+  // Each tensor as Outputs::poisoned(p) makes it (common/inputs.cpp): this shape, every
+  // element NaN; its storage is kept when it holds as many elements, else allocated afresh.
+  auto fit = [](Tensor& t, std::vector<int64_t> shape) {
+    if (t.numel() == Tensor::numel(shape)) {
+      t.shape = std::move(shape);
+      fill_nan(t);
+    } else {
+      t = Tensor();  // free the old storage first
+      t = Tensor::poisoned(std::move(shape));
+    }
+  };
+  fit(out.o, {p.batch, p.heads, p.seq_q, p.dim});
+  fit(out.lse, {p.batch, p.heads, p.seq_q});
+  if (p.backward) {
+    fit(out.dq, {p.batch, p.heads, p.seq_q, p.dim});
+    fit(out.dk, {p.batch, p.heads_kv, p.seq_k, p.dim});
+    fit(out.dv, {p.batch, p.heads_kv, p.seq_k, p.dim});
+  } else {
+    out.dq = out.dk = out.dv = Tensor();
+  }
+}
+
+CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const RunOptions& ro,
+                       CheckMode mode, Outputs& out) {
+  require_runnable(s, p, ro.variant);
+  CheckedRun c;
+  repoison(out, p);
+  c.result = s.run(p, in, out, ro);
+  c.check = verify(p, in, out, mode);
+  return c;
+}
+
 size_t save_outputs(const std::string& dir, const Outputs& out, bool backward, bool as_f64) {
   std::vector<std::pair<std::string, const Tensor*>> files = {{"o.npy", &out.o},
                                                               {"lse.npy", &out.lse}};

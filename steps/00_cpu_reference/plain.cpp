@@ -33,65 +33,72 @@ void plain_attention(const Problem& p, const Inputs& in, DType precision, Output
   std::vector<float> dK, dV;  // float accumulators over every query row of the group
   if (p.backward && full)
     dK.assign(size_t(p.kv_numel()), 0.f), dV.assign(size_t(p.kv_numel()), 0.f);
-  std::vector<float> S(static_cast<size_t>(N)), P(static_cast<size_t>(N)),
-      o(static_cast<size_t>(d));
-  std::vector<float> q(static_cast<size_t>(d)), g(static_cast<size_t>(d));  // this row's Q, dO
-  std::vector<float> q_acc(static_cast<size_t>(d));                         // its dQ
+  // One batch and K/V head at a time: the groups write disjoint outputs (and dK, dV
+  // accumulators), so they run on parallel threads (common/tensor.hpp); within a group the
+  // query heads and rows go in order, so every sum is the one a single thread makes.
+  const int64_t groups = p.batch * p.heads_kv;
+  parallel_chunks(groups, parallel_chunk_count(groups, 1), [&](int, int64_t g0, int64_t g1) {
+    std::vector<float> S(static_cast<size_t>(N)), P(static_cast<size_t>(N)),
+        o(static_cast<size_t>(d));
+    std::vector<float> q(static_cast<size_t>(d)), g(static_cast<size_t>(d));  // this row's Q, dO
+    std::vector<float> q_acc(static_cast<size_t>(d));                         // its dQ
 
-  for (int64_t b = 0; b < p.batch; ++b)
-    for (int64_t h = 0; h < p.heads; ++h) {
-      const size_t kv0 = size_t((b * p.heads_kv + h / p.group()) * N * d);
-      for (size_t k = 0; k < sel.size(); ++k) {
-        const int64_t i = sel[k];
-        const size_t row = size_t((b * p.heads + h) * M + i);  // in the inputs
-        const size_t orow = size_t((b * p.heads + h) * int64_t(sel.size()) + int64_t(k));  // out
-        for (int64_t c = 0; c < d; ++c) q[size_t(c)] = float(Q[row * size_t(d) + size_t(c)]);
-        const int64_t n = p.visible_keys(i);
-        float m = -std::numeric_limits<float>::infinity(), l = 0;
-        for (int64_t j = 0; j < n; ++j) {
-          float s = 0;
-          for (int64_t c = 0; c < d; ++c) s += q[size_t(c)] * float(K[kv0 + size_t(j * d + c)]);
-          S[size_t(j)] = r(scale * s);
-          m = std::max(m, S[size_t(j)]);
-        }
-        for (int64_t j = 0; j < n; ++j) l += std::exp(S[size_t(j)] - m);
-        for (int64_t j = 0; j < n; ++j) P[size_t(j)] = r(std::exp(S[size_t(j)] - m) / l);
-        // O_i = sum_j P_ij V_j: each column summed left to right in j (the j-outer loop
-        // order only keeps the reads of V contiguous; the arithmetic is the same).
-        std::fill(o.begin(), o.end(), 0.f);
-        for (int64_t j = 0; j < n; ++j)
-          for (int64_t c = 0; c < d; ++c)
-            o[size_t(c)] += P[size_t(j)] * float(V[kv0 + size_t(j * d + c)]);
-        for (int64_t c = 0; c < d; ++c) {
-          o[size_t(c)] = r(o[size_t(c)]);
-          out.o.data[orow * size_t(d) + size_t(c)] = o[size_t(c)];
-        }
-        out.lse.data[orow] =
-            n == 0 ? -std::numeric_limits<double>::infinity() : double(m + std::log(l));
-        if (!p.backward) continue;
-
-        for (int64_t c = 0; c < d; ++c) g[size_t(c)] = float(dO[row * size_t(d) + size_t(c)]);
-        float D = 0;
-        for (int64_t c = 0; c < d; ++c) D += g[size_t(c)] * o[size_t(c)];
-        for (int64_t j = 0; j < n; ++j) {  // dS_ij = P_ij (dP_ij - D_i), dP_ij = dO_i . V_j
-          float dp = 0;
-          for (int64_t c = 0; c < d; ++c) dp += g[size_t(c)] * float(V[kv0 + size_t(j * d + c)]);
-          S[size_t(j)] = r(P[size_t(j)] * (r(dp) - D));  // S now holds dS
-        }
-        std::fill(q_acc.begin(), q_acc.end(), 0.f);  // dQ_i = scale sum_j dS_ij K_j
-        for (int64_t j = 0; j < n; ++j)
-          for (int64_t c = 0; c < d; ++c)
-            q_acc[size_t(c)] += S[size_t(j)] * float(K[kv0 + size_t(j * d + c)]);
-        for (int64_t c = 0; c < d; ++c)
-          out.dq.data[orow * size_t(d) + size_t(c)] = r(scale * q_acc[size_t(c)]);
-        if (!full) continue;
-        for (int64_t j = 0; j < n; ++j)
-          for (int64_t c = 0; c < d; ++c) {
-            dK[kv0 + size_t(j * d + c)] += scale * S[size_t(j)] * q[size_t(c)];
-            dV[kv0 + size_t(j * d + c)] += P[size_t(j)] * g[size_t(c)];
+    for (int64_t grp = g0; grp < g1; ++grp)
+      for (int64_t h = grp % p.heads_kv * p.group(); h < (grp % p.heads_kv + 1) * p.group(); ++h) {
+        const int64_t b = grp / p.heads_kv;
+        const size_t kv0 = size_t((b * p.heads_kv + h / p.group()) * N * d);
+        for (size_t k = 0; k < sel.size(); ++k) {
+          const int64_t i = sel[k];
+          const size_t row = size_t((b * p.heads + h) * M + i);  // in the inputs
+          const size_t orow = size_t((b * p.heads + h) * int64_t(sel.size()) + int64_t(k));  // out
+          for (int64_t c = 0; c < d; ++c) q[size_t(c)] = float(Q[row * size_t(d) + size_t(c)]);
+          const int64_t n = p.visible_keys(i);
+          float m = -std::numeric_limits<float>::infinity(), l = 0;
+          for (int64_t j = 0; j < n; ++j) {
+            float s = 0;
+            for (int64_t c = 0; c < d; ++c) s += q[size_t(c)] * float(K[kv0 + size_t(j * d + c)]);
+            S[size_t(j)] = r(scale * s);
+            m = std::max(m, S[size_t(j)]);
           }
+          for (int64_t j = 0; j < n; ++j) l += std::exp(S[size_t(j)] - m);
+          for (int64_t j = 0; j < n; ++j) P[size_t(j)] = r(std::exp(S[size_t(j)] - m) / l);
+          // O_i = sum_j P_ij V_j: each column summed left to right in j (the j-outer loop
+          // order only keeps the reads of V contiguous; the arithmetic is the same).
+          std::fill(o.begin(), o.end(), 0.f);
+          for (int64_t j = 0; j < n; ++j)
+            for (int64_t c = 0; c < d; ++c)
+              o[size_t(c)] += P[size_t(j)] * float(V[kv0 + size_t(j * d + c)]);
+          for (int64_t c = 0; c < d; ++c) {
+            o[size_t(c)] = r(o[size_t(c)]);
+            out.o.data[orow * size_t(d) + size_t(c)] = o[size_t(c)];
+          }
+          out.lse.data[orow] =
+              n == 0 ? -std::numeric_limits<double>::infinity() : double(m + std::log(l));
+          if (!p.backward) continue;
+
+          for (int64_t c = 0; c < d; ++c) g[size_t(c)] = float(dO[row * size_t(d) + size_t(c)]);
+          float D = 0;
+          for (int64_t c = 0; c < d; ++c) D += g[size_t(c)] * o[size_t(c)];
+          for (int64_t j = 0; j < n; ++j) {  // dS_ij = P_ij (dP_ij - D_i), dP_ij = dO_i . V_j
+            float dp = 0;
+            for (int64_t c = 0; c < d; ++c) dp += g[size_t(c)] * float(V[kv0 + size_t(j * d + c)]);
+            S[size_t(j)] = r(P[size_t(j)] * (r(dp) - D));  // S now holds dS
+          }
+          std::fill(q_acc.begin(), q_acc.end(), 0.f);  // dQ_i = scale sum_j dS_ij K_j
+          for (int64_t j = 0; j < n; ++j)
+            for (int64_t c = 0; c < d; ++c)
+              q_acc[size_t(c)] += S[size_t(j)] * float(K[kv0 + size_t(j * d + c)]);
+          for (int64_t c = 0; c < d; ++c)
+            out.dq.data[orow * size_t(d) + size_t(c)] = r(scale * q_acc[size_t(c)]);
+          if (!full) continue;
+          for (int64_t j = 0; j < n; ++j)
+            for (int64_t c = 0; c < d; ++c) {
+              dK[kv0 + size_t(j * d + c)] += scale * S[size_t(j)] * q[size_t(c)];
+              dV[kv0 + size_t(j * d + c)] += P[size_t(j)] * g[size_t(c)];
+            }
+        }
       }
-    }
+  });
   if (p.backward && full)
     for (size_t e = 0; e < dK.size(); ++e) {
       out.dk.data[e] = r(dK[e]);

@@ -9,6 +9,7 @@
 #include "reference.hpp"
 
 #include <Eigen/Dense>
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -28,6 +29,13 @@ Mat load(const Tensor& t, int64_t batch, int64_t head, const std::vector<int64_t
     for (int64_t c = 0; c < d; ++c) m(int64_t(r), c) = src[c];
   }
   return m;
+}
+
+// Every row of head `head` into m, which keeps its storage from head to head.
+void load_all(const Tensor& t, int64_t batch, int64_t head, Mat& m) {
+  const int64_t heads = t.shape[1], seq = t.shape[2], d = t.shape[3];
+  m.resize(seq, d);
+  std::copy_n(&t.data[size_t((batch * heads + head) * seq * d)], size_t(seq * d), m.data());
 }
 
 void store(Tensor& t, int64_t batch, int64_t head, const std::vector<int64_t>& rows, const Mat& m) {
@@ -55,63 +63,76 @@ void attention(const Problem& p, const Inputs& in, Outputs& out, const std::vect
   const int64_t N = p.seq_k;
   const std::vector<int64_t> keys = iota(N);
   const size_t kBlock = 256;  // query rows per block: bounds the S and P scratch to 256 x N
-  for (int64_t b = 0; b < p.batch; ++b) {
-    for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
-      const Mat K = load(in.k, b, hk, keys), V = load(in.v, b, hk, keys);
-      Mat dK_acc, dV_acc;
-      if (p.backward && full) dK_acc = dV_acc = Mat::Zero(N, p.dim);
-      for (int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
-        for (size_t r0 = 0; r0 < all_rows.size(); r0 += kBlock) {
-          const size_t r1 = std::min(all_rows.size(), r0 + kBlock);
-          const std::vector<int64_t> rows(all_rows.begin() + long(r0), all_rows.begin() + long(r1));
-          // Where these rows go in `out`: the same index, or (sampled) their place in the list.
-          const std::vector<int64_t> orows(out_rows.begin() + long(r0),
-                                           out_rows.begin() + long(r1));
-          const int64_t R = int64_t(rows.size());
-          const Mat Q = load(in.q, b, h, rows);
-          const Mat S = (Q * K.transpose()) * scale;
-          Mat P = Mat::Zero(R, N);
-          for (int64_t r = 0; r < R; ++r) {
-            const int64_t visible = p.visible_keys(rows[size_t(r)]);
-            double& lse = out.lse.data[size_t((b * p.heads + h) * out_seq + orows[size_t(r)])];
-            if (visible == 0) {  // no visible key: O = 0, LSE = -inf, zero gradients
-              lse = -std::numeric_limits<double>::infinity();
-              continue;
-            }
-            const double m = S.row(r).head(visible).maxCoeff();
-            P.row(r).head(visible) = (S.row(r).head(visible).array() - m).exp().matrix();
-            const double l = P.row(r).head(visible).sum();
-            P.row(r).head(visible) /= l;
-            lse = m + std::log(l);
+  // One batch and K/V head: its query heads, block by block. K and V: scratch for its keys.
+  auto head_group = [&](int64_t b, int64_t hk, Mat& K, Mat& V) {
+    load_all(in.k, b, hk, K);
+    load_all(in.v, b, hk, V);
+    Mat dK_acc, dV_acc;
+    if (p.backward && full) dK_acc = dV_acc = Mat::Zero(N, p.dim);
+    for (int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
+      for (size_t r0 = 0; r0 < all_rows.size(); r0 += kBlock) {
+        const size_t r1 = std::min(all_rows.size(), r0 + kBlock);
+        const std::vector<int64_t> rows(all_rows.begin() + long(r0), all_rows.begin() + long(r1));
+        // Where these rows go in `out`: the same index, or (sampled) their place in the list.
+        const std::vector<int64_t> orows(out_rows.begin() + long(r0), out_rows.begin() + long(r1));
+        const int64_t R = int64_t(rows.size());
+        const Mat Q = load(in.q, b, h, rows);
+        const Mat S = (Q * K.transpose()) * scale;
+        Mat P = Mat::Zero(R, N);
+        for (int64_t r = 0; r < R; ++r) {
+          const int64_t visible = p.visible_keys(rows[size_t(r)]);
+          double& lse = out.lse.data[size_t((b * p.heads + h) * out_seq + orows[size_t(r)])];
+          if (visible == 0) {  // no visible key: O = 0, LSE = -inf, zero gradients
+            lse = -std::numeric_limits<double>::infinity();
+            continue;
           }
-          const Mat O = P * V;
-          store(out.o, b, h, orows, O);
-          if (!p.backward) continue;
+          const double m = S.row(r).head(visible).maxCoeff();
+          P.row(r).head(visible) = (S.row(r).head(visible).array() - m).exp().matrix();
+          const double l = P.row(r).head(visible).sum();
+          P.row(r).head(visible) /= l;
+          lse = m + std::log(l);
+        }
+        const Mat O = P * V;
+        store(out.o, b, h, orows, O);
+        if (!p.backward) continue;
 
-          const Mat dO = load(in.dout, b, h, rows);
-          Mat dP, dS, dQ;
-          Eigen::VectorXd D;
-          // EXERCISE BEGIN backward-products
-          // From P (softmax probabilities), O and dO of these rows: dP = dO V^T,
-          // D = rowsum(dO o O), dS = P o (dP - D) (D broadcast along each row), dQ = scale dS K.
-          dP = dO * V.transpose();
-          D = (dO.array() * O.array()).rowwise().sum();
-          dS = (P.array() * (dP.colwise() - D).array()).matrix();
-          dQ = (dS * K) * scale;
-          // EXERCISE END
-          store(out.dq, b, h, orows, dQ);
-          if (full) {
-            dK_acc.noalias() += (dS.transpose() * Q) * scale;
-            dV_acc.noalias() += P.transpose() * dO;
-          }
+        const Mat dO = load(in.dout, b, h, rows);
+        Mat dP, dS, dQ;
+        Eigen::VectorXd D;
+        // EXERCISE BEGIN backward-products
+        // From P (softmax probabilities), O and dO of these rows: dP = dO V^T,
+        // D = rowsum(dO o O), dS = P o (dP - D) (D broadcast along each row), dQ = scale dS K.
+        dP = dO * V.transpose();
+        D = (dO.array() * O.array()).rowwise().sum();
+        dS = (P.array() * (dP.colwise() - D).array()).matrix();
+        dQ = (dS * K) * scale;
+        // EXERCISE END
+        store(out.dq, b, h, orows, dQ);
+        if (full) {
+          dK_acc.noalias() += (dS.transpose() * Q) * scale;
+          dV_acc.noalias() += P.transpose() * dO;
         }
       }
-      if (p.backward && full) {
-        store(out.dk, b, hk, keys, dK_acc);
-        store(out.dv, b, hk, keys, dV_acc);
-      }
     }
+    if (p.backward && full) {
+      store(out.dk, b, hk, keys, dK_acc);
+      store(out.dv, b, hk, keys, dV_acc);
+    }
+  };
+  if (full) {  // step 00 itself, and the check of a small problem: one thread
+    Mat K, V;
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t hk = 0; hk < p.heads_kv; ++hk) head_group(b, hk, K, V);
+    return;
   }
+  // Sampled rows (the check of a large problem): the (batch, K/V head) groups write disjoint
+  // outputs and do not depend on each other, so they run on parallel threads (common/tensor.hpp)
+  // with the same arithmetic, hence the same values, as one after another.
+  const int64_t groups = p.batch * p.heads_kv;
+  parallel_chunks(groups, parallel_chunk_count(groups, 1), [&](int, int64_t g0, int64_t g1) {
+    Mat K, V;
+    for (int64_t g = g0; g < g1; ++g) head_group(g / p.heads_kv, g % p.heads_kv, K, V);
+  });
 }
 
 }  // namespace ladder::reference
