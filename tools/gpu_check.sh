@@ -16,12 +16,12 @@ log() { echo "== $*" | tee -a "$OUT/summary.log"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee -a "$OUT/summary.log"
 { cmake -S . -B build-gpu -G Ninja -DCMAKE_PREFIX_PATH="$PWD/.deps" -DCMAKE_BUILD_TYPE=Release &&
   cmake --build build-gpu -j 16; } >"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
-log "built $(git rev-parse --short HEAD 2>/dev/null)"
+log "built ${LADDER_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
 for w in $what; do
   case $w in
     test)
       ctest --test-dir build-gpu -L gpu --output-on-failure ${CTEST_ARGS:-} -j 1 >"$OUT/ctest-gpu.log" 2>&1 || status=1
-      log "ctest -L gpu: $(tail -n 3 "$OUT/ctest-gpu.log" | grep -E 'tests passed|tests failed' || echo see log)"
+      log "ctest -L gpu: $(grep -E 'tests passed|tests failed' "$OUT/ctest-gpu.log" || echo see log)"
       grep -E '^\s*(FAIL|NOT RUN)' "$OUT/ctest-gpu.log" | head -40 | tee -a "$OUT/summary.log"
       ;;
     sanitize)
