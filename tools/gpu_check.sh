@@ -12,7 +12,7 @@ what=${*:-test sanitize bench peers}
 status=0
 log() { echo "== $*" | tee -a "$OUT/summary.log"; }
 # At most 8 files come back from $OUT: summary.log, build.log, ctest-gpu.log,
-# ctest-sanitizer.log, bench.log, peers.log, h100.csv.
+# ctest-sanitizer.log, bench.log, peers.log, h100.csv (the peers' rows appended to it).
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee -a "$OUT/summary.log"
 { cmake -S . -B build-gpu -G Ninja -DCMAKE_PREFIX_PATH="$PWD/.deps" -DCMAKE_BUILD_TYPE=Release &&
   cmake --build build-gpu -j 16; } >"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
@@ -34,7 +34,16 @@ for w in $what; do
       log "bench: $(wc -l <"$OUT/h100.csv") rows"; tail -n 40 "$OUT/bench.log"
       ;;
     peers)
-      PYTHONUNBUFFERED=1 python3 .deps/bin/peers.py --csv "$OUT/h100.csv" ${PEER_ARGS:-} >"$OUT/peers.log" 2>&1 || status=1
+      # peers.py leaves the commit column '-'; stamp its rows with this call's commit, which
+      # is how tools/figures.py pairs a rung with the peers measured side by side with it.
+      rm -f "$OUT/peers.csv"
+      PYTHONUNBUFFERED=1 python3 .deps/bin/peers.py --csv "$OUT/peers.csv" ${PEER_ARGS:-} >"$OUT/peers.log" 2>&1 || status=1
+      if [ -s "$OUT/peers.csv" ]; then
+        [ -s "$OUT/h100.csv" ] || head -n 1 "$OUT/peers.csv" >"$OUT/h100.csv"
+        commit=${LADDER_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo -)}
+        tail -n +2 "$OUT/peers.csv" | sed "s/,-\$/,$commit/" >>"$OUT/h100.csv"
+        rm -f "$OUT/peers.csv"
+      fi
       log "peers: done"; tail -n 30 "$OUT/peers.log"
       ;;
   esac
