@@ -101,18 +101,14 @@ class DeviceBuffer {
   size_t n_ = 0;
 };
 
-// Host conversions of a (double) tensor to the device element types, and back. The loops
+// Host conversions of a (double) tensor to the device element types, and back (float:
+// to_float, common/tensor.hpp). The loops
 // live in common/tensor.cpp (plain C++, on OpenMP threads); __half and __nv_bfloat16 are
 // 16-bit standard-layout structs, so their storage is written and read as uint16_t bits
 // (reinterpret_cast, as CUTLASS does), with the same rounding as __float2half_rn and
 // __float2bfloat16_rn.
 static_assert(sizeof(__half) == sizeof(uint16_t) && sizeof(__nv_bfloat16) == sizeof(uint16_t),
               "16-bit device types");
-inline std::vector<float> host_f32(const Tensor& t) {
-  std::vector<float> h(t.data.size());
-  to_f32(t, h.data());
-  return h;
-}
 inline std::vector<__half> host_f16(const Tensor& t) {
   std::vector<__half> h(t.data.size());
   to_f16_bits(t, reinterpret_cast<uint16_t*>(h.data()));

@@ -1,6 +1,8 @@
 // Errors that end a step program with the exit status LADDER.md promises:
 // 2 for bad or unsupported input, 3 for a GPU step with no CUDA device.
 #pragma once
+#include <exception>
+#include <iostream>
 #include <stdexcept>
 #include <string>
 
@@ -17,5 +19,24 @@ struct BadInput : std::runtime_error {
 struct NoDevice : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// Runs fn() (which returns an exit status) and turns an exception into the status it stands
+// for, with its message on stderr: BadInput 2, NoDevice 3, anything else (a CUDA failure or
+// another bug: no result to trust) 1. Every step program and every `ladder` verb ends here.
+template <class Fn>
+int guarded(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const BadInput& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const NoDevice& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return kExitNoDevice;
+  } catch (const std::exception& e) {
+    std::cerr << "error: the run failed: " << e.what() << "\n";
+    return kExitCheckFailed;
+  }
+}
 
 }  // namespace ladder

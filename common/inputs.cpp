@@ -1,18 +1,37 @@
 #include "inputs.hpp"
 
 #include <random>
+#include <utility>
+#include <vector>
 
 namespace ladder {
 
+void Outputs::poison(const Problem& p) {
+  // A tensor keeps its storage when it already holds as many elements (a sweep's points of
+  // one size do not page in fresh memory each time), else it is allocated afresh.
+  auto fit = [](Tensor& t, std::vector<int64_t> shape) {
+    if (t.numel() == Tensor::numel(shape)) {
+      t.shape = std::move(shape);
+      fill_nan(t);
+    } else {
+      t = Tensor();  // free the old storage first
+      t = Tensor::poisoned(std::move(shape));
+    }
+  };
+  fit(o, {p.batch, p.heads, p.seq_q, p.dim});
+  fit(lse, {p.batch, p.heads, p.seq_q});
+  if (p.backward) {
+    fit(dq, {p.batch, p.heads, p.seq_q, p.dim});
+    fit(dk, {p.batch, p.heads_kv, p.seq_k, p.dim});
+    fit(dv, {p.batch, p.heads_kv, p.seq_k, p.dim});
+  } else {
+    dq = dk = dv = Tensor();
+  }
+}
+
 Outputs Outputs::poisoned(const Problem& p) {
   Outputs o;
-  o.o = Tensor::poisoned({p.batch, p.heads, p.seq_q, p.dim});
-  o.lse = Tensor::poisoned({p.batch, p.heads, p.seq_q});
-  if (p.backward) {
-    o.dq = Tensor::poisoned({p.batch, p.heads, p.seq_q, p.dim});
-    o.dk = Tensor::poisoned({p.batch, p.heads_kv, p.seq_k, p.dim});
-    o.dv = Tensor::poisoned({p.batch, p.heads_kv, p.seq_k, p.dim});
-  }
+  o.poison(p);
   return o;
 }
 

@@ -17,6 +17,9 @@ struct Outputs {
   Tensor dq, dk, dv;  // only with backward
   // Every element NaN, so anything a step does not write fails the check.
   static Outputs poisoned(const Problem& p);
+  // The same in place: p's shapes, every element NaN, keeping each tensor's storage when it
+  // already holds that many elements (ladder bench reuses one Outputs from point to point).
+  void poison(const Problem& p);
 };
 
 // How the inputs are drawn (all seeded, never all zeros):

@@ -115,45 +115,20 @@ void require_runnable(const Step& s, const Problem& p, const std::string& varian
 }
 
 CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const RunOptions& ro,
-                       CheckMode mode) {
-  require_runnable(s, p, ro.variant);
-  CheckedRun c;
-  c.out = Outputs::poisoned(p);
-  c.result = s.run(p, in, c.out, ro);
-  c.check = verify(p, in, c.out, mode);
-  return c;
-}
-
-void repoison(Outputs& out, const Problem& p) {
-  // Each tensor as Outputs::poisoned(p) makes it (common/inputs.cpp): this shape, every
-  // element NaN; its storage is kept when it holds as many elements, else allocated afresh.
-  auto fit = [](Tensor& t, std::vector<int64_t> shape) {
-    if (t.numel() == Tensor::numel(shape)) {
-      t.shape = std::move(shape);
-      fill_nan(t);
-    } else {
-      t = Tensor();  // free the old storage first
-      t = Tensor::poisoned(std::move(shape));
-    }
-  };
-  fit(out.o, {p.batch, p.heads, p.seq_q, p.dim});
-  fit(out.lse, {p.batch, p.heads, p.seq_q});
-  if (p.backward) {
-    fit(out.dq, {p.batch, p.heads, p.seq_q, p.dim});
-    fit(out.dk, {p.batch, p.heads_kv, p.seq_k, p.dim});
-    fit(out.dv, {p.batch, p.heads_kv, p.seq_k, p.dim});
-  } else {
-    out.dq = out.dk = out.dv = Tensor();
-  }
-}
-
-CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const RunOptions& ro,
                        CheckMode mode, Outputs& out) {
   require_runnable(s, p, ro.variant);
   CheckedRun c;
-  repoison(out, p);
+  out.poison(p);
   c.result = s.run(p, in, out, ro);
   c.check = verify(p, in, out, mode);
+  return c;
+}
+
+CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const RunOptions& ro,
+                       CheckMode mode) {
+  Outputs out;
+  CheckedRun c = run_checked(s, p, in, ro, mode, out);
+  c.out = std::move(out);
   return c;
 }
 
@@ -179,7 +154,7 @@ double gbps(const Problem& p, double ms, bool backward) {
 }
 
 int run_step_cli(const Step& s, const CommonOptions& o) {
-  try {
+  return guarded([&]() -> int {
     Problem p = resolve_problem(o, s.default_dtype());
     // Fail on bad input before any work: shapes, capabilities, variant, the output directory.
     const CheckMode mode = check_options(o, p);
@@ -212,16 +187,7 @@ int run_step_cli(const Step& s, const CommonOptions& o) {
     if (p.backward) line("backward", c.result.bwd_ms, true);
     std::cout << "  workspace " << fmt_bytes(c.result.workspace_bytes) << "\n";
     return kExitOk;
-  } catch (const BadInput& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return kExitBadInput;
-  } catch (const NoDevice& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return kExitNoDevice;
-  } catch (const std::exception& e) {  // a CUDA failure or another bug: no result to trust
-    std::cerr << "error: the run failed: " << e.what() << "\n";
-    return kExitCheckFailed;
-  }
+  });
 }
 
 int step_main(const Step& s, int argc, char** argv) {

@@ -46,14 +46,10 @@ CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const 
                        CheckMode mode);
 
 // The same on caller-owned outputs, for a sweep (ladder bench): `out` is re-poisoned in place
-// (repoison), so points of one size do not allocate (and page in) fresh output tensors each
-// time. The outputs are left in `out`; the result's out stays empty.
+// (Outputs::poison), so points of one size do not allocate (and page in) fresh output tensors
+// each time. The outputs are left in `out`; the result's out stays empty.
 CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const RunOptions& ro,
                        CheckMode mode, Outputs& out);
-
-// Makes `out` equal to what Outputs::poisoned(p) returns (p's shapes, every element NaN),
-// keeping each tensor's storage when it already holds that many elements.
-void repoison(Outputs& out, const Problem& p);
 
 // Achieved rates of a run (by the field's FLOP convention and compulsory bytes).
 double tflops(const Problem& p, double ms, bool backward);

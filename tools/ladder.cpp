@@ -924,23 +924,6 @@ int cmd_bench(BenchArgs a) {
 
 // ------------------------------------------------------------------------------------ main
 
-// Ends a verb with the exit status its exception stands for.
-template <class Fn>
-int guarded(Fn&& fn) {
-  try {
-    return fn();
-  } catch (const BadInput& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return kExitBadInput;
-  } catch (const NoDevice& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return kExitNoDevice;
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return kExitCheckFailed;
-  }
-}
-
 std::string rung_footer() {
   std::string s = "Rungs of this build:";
   for (const Rung& r : rungs())

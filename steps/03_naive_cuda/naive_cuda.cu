@@ -194,7 +194,7 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
                           " bytes, plus inputs, outputs and the L2 flush buffer)");
 
   DeviceBuffer<float> Q{size_t(p.q_numel())}, K{size_t(p.kv_numel())}, V{size_t(p.kv_numel())};
-  Q.upload(host_f32(in.q)), K.upload(host_f32(in.k)), V.upload(host_f32(in.v));
+  Q.upload(to_float(in.q)), K.upload(to_float(in.k)), V.upload(to_float(in.v));
   DeviceBuffer<float> O{size_t(p.q_numel())}, LSE{size_t(rows)};
   DeviceBuffer<float> S{size_t(mn)}, P{size_t(mn)};
   O.poison(), LSE.poison();
@@ -218,7 +218,7 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
 
   if (p.backward) {
     DeviceBuffer<float> dO{size_t(p.q_numel())}, D{size_t(rows)};
-    dO.upload(host_f32(in.dout));
+    dO.upload(to_float(in.dout));
     DeviceBuffer<float> dQ{size_t(p.q_numel())}, dK{size_t(p.kv_numel())}, dV{size_t(p.kv_numel())};
     dQ.poison(), dK.poison(), dV.poison();
     float* dS = S.get();  // dP, then dS, live where S was

@@ -148,7 +148,7 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
                       "step 04_thread_per_row (Q, K, V, O and LSE in fp32)");
 
   DeviceBuffer<float> Q{size_t(p.q_numel())}, K{size_t(p.kv_numel())}, V{size_t(p.kv_numel())};
-  Q.upload(host_f32(in.q)), K.upload(host_f32(in.k)), V.upload(host_f32(in.v));
+  Q.upload(to_float(in.q)), K.upload(to_float(in.k)), V.upload(to_float(in.v));
   DeviceBuffer<float> O{size_t(p.q_numel())}, LSE{size_t(p.rows())};
   O.poison(), LSE.poison();
 
