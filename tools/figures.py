@@ -168,6 +168,18 @@ def save(fig, out_dir, stem, written):
         written.append(path)
 
 
+def legend_right(fig, ax, handles, labels, markers=None):
+    """The figure's legend, right of the panels; with markers ({dim: marker}), one entry per
+    head dim for the marker key."""
+    handles, labels = list(handles), list(labels)
+    for dim, m in (markers or {}).items():
+        (h,) = ax.plot([], [], color="#444444", linestyle="none", marker=m)
+        handles.append(h)
+        labels.append(f"d = {dim}")
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
+               fontsize=9)
+
+
 def fig_tflops(plt, rows, gpu, tag, out_dir, names, written):
     """(a) TFLOP/s against seq, one panel per (direction, d, causal), per dtype."""
     flash = [r for r in rows if r.flash_shape and r.tflops > 0]
@@ -217,8 +229,8 @@ def fig_tflops(plt, rows, gpu, tag, out_dir, names, written):
                 if i == len(dirs) - 1:
                     ax.set_xlabel("sequence length N")
         steps = sorted(handles, key=order)
-        fig.legend([handles[s] for s in steps], [label(s, names) for s in steps],
-                   loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, fontsize=9)
+        legend_right(fig, axes[0][0], [handles[s] for s in steps],
+                     [label(s, names) for s in steps])
         fig.suptitle(f"{gpu}: {dtype} attention, rungs (solid) and PyTorch SDPA (dashed)\n"
                      f"flash-attention shapes: B·N = {TOKENS}, H·d = {HIDDEN}; "
                      "fwd FLOPs 4·B·H·N²·d (halved when causal), bwd 2.5× fwd", fontsize=10)
@@ -279,13 +291,7 @@ def fig_roofline(plt, rows, gpu, tag, out_dir, names, written):
         ax.set_ylabel("TFLOP/s")
     keys = sorted(handles, key=lambda k: (order(k[0]), k[1]))
     labels = [f"{label(s, names)} ({t})" for s, t in keys]
-    hs = [handles[k] for k in keys]
-    for dim, m in markers.items():  # marker key: one empty line per head dim
-        (h,) = axes[0][0].plot([], [], color="#444444", linestyle="none", marker=m)
-        hs.append(h)
-        labels.append(f"d = {dim}")
-    fig.legend(hs, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
-               fontsize=9)
+    legend_right(fig, axes[0][0], [handles[k] for k in keys], labels, markers)
     fig.suptitle(f"{gpu}: roofline (ceilings measured on an H100 SXM), flash-attention "
                  f"shapes, seq {min(r.seq_q for r in sel)}…{max(r.seq_q for r in sel)} "
                  f"left to right\nfilled: ladder rungs; open: PyTorch SDPA; fp32 and {half}",
@@ -353,14 +359,8 @@ def fig_workspace(plt, rows, gpu, tag, out_dir, names, written):
     if positive:
         axes[0][0].set_ylim(bottom=min(positive + ref_n) / 4)
     steps = sorted(handles, key=order)
-    hs = [handles[s] for s in steps]
-    labels = [label(s, names) for s in steps]
-    for dim, m in markers.items():
-        (h,) = axes[0][0].plot([], [], color="#444444", linestyle="none", marker=m)
-        hs.append(h)
-        labels.append(f"d = {dim}")
-    fig.legend(hs, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
-               fontsize=9)
+    legend_right(fig, axes[0][0], [handles[s] for s in steps], [label(s, names) for s in steps],
+                 markers)
     fig.suptitle(f"{gpu}: workspace, flash-attention shapes (B·N = {TOKENS} fixed, so "
                  "materialising S grows like N here, per-row state stays flat)", fontsize=10)
     fig.tight_layout()
