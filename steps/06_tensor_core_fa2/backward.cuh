@@ -115,6 +115,30 @@ __device__ __forceinline__ void load_b_nk_paired(uint32_t (&b)[4], const T* tile
   ldmatrix_x4(b, tile + L::at(n0 + (lane & 7) + ((lane >> 4) << 3), k0 + ((lane >> 3) & 1) * 8));
 }
 
+// C = A B^T for the warp's 16 rows of A (rows row0.., D columns) and every row of B (the
+// kNT * 8 rows of a Q-shaped tile): S^T = K_j Q_i^T and dP^T = V_j dO_i^T. A: plain
+// ldmatrix of the rows; B[k = d][n = query] = tile[query][d], stored [n][k]: plain ldmatrix.
+template <class L, class T, int D, int kNT>
+__device__ __forceinline__ void warp_rows_abt(float (&c)[kNT][4], const T* a, int row0, const T* b,
+                                              int lane) {
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c[nt][e] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t af[4];
+    load_a<L, true>(af, a, row0, kk * 16, lane);
+#pragma unroll
+    for (int nt = 0; nt < kNT; nt += 2) {
+      uint32_t bf[4];
+      load_b_nk_paired<L>(bf, b, nt * 8, kk * 16, lane);
+      mma_16816<T>(c[nt], af, bf[0], bf[1]);
+      mma_16816<T>(c[nt + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
 // ---- pre-pass: D = rowsum(dO o O), L = LSE log2(e), dQ_acc = 0 ----
 
 constexpr int kPrepassThreads = 256, kPrepassRows = kPrepassThreads / 8;  // 8 lanes per row
@@ -326,25 +350,9 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
     const float* sDi = sD + s * kBr;
     const int i0 = cur.i0;
 
-    // S^T = K_j Q_i^T for this warp's 16 keys: A = the warp's rows of K_j,
-    // B[k = d][n = query] = Q_i[query][d], stored [n][k]: plain ldmatrix.
+    // S^T = K_j Q_i^T for this warp's 16 keys.
     float s_t[kNT][4];
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s_t[nt][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t ak[4];
-      load_a<QKV, true>(ak, sK, w_row0, kk * 16, lane);
-#pragma unroll
-      for (int nt = 0; nt < kNT; nt += 2) {
-        uint32_t bq[4];
-        load_b_nk_paired<QKV>(bq, sQi, nt * 8, kk * 16, lane);
-        mma_16816<T>(s_t[nt], ak, bq[0], bq[1]);
-        mma_16816<T>(s_t[nt + 1], ak, bq[2], bq[3]);
-      }
-    }
+    warp_rows_abt<QKV, T, D>(s_t, sK, w_row0, sQi, lane);
 
     // Mask: only tiles that straddle the diagonal, or hold the end of the keys, pay for it.
     // (Queries past M need none: their Q, dO, L, D rows are zeros, so S = dP = 0, P = 1 and
@@ -382,22 +390,7 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
 
     // dP^T = V_j dO_i^T, as S^T.
     float dp_t[kNT][4];
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dp_t[nt][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t av[4];
-      load_a<QKV, true>(av, sV, w_row0, kk * 16, lane);
-#pragma unroll
-      for (int nt = 0; nt < kNT; nt += 2) {
-        uint32_t bo[4];
-        load_b_nk_paired<QKV>(bo, sdOi, nt * 8, kk * 16, lane);
-        mma_16816<T>(dp_t[nt], av, bo[0], bo[1]);
-        mma_16816<T>(dp_t[nt + 1], av, bo[2], bo[3]);
-      }
-    }
+    warp_rows_abt<QKV, T, D>(dp_t, sV, w_row0, sdOi, lane);
 
     // dS^T = P^T o (dP^T - D_i), from the rounded P (the P that dV uses), packed like P^T.
     uint32_t ds_t[kNT][2];
