@@ -1,31 +1,131 @@
 #include "cli.hpp"
 
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
 #include "error.hpp"
 
 namespace ladder {
 
+const CLI::Validator& strict_integer() {
+  static const CLI::Validator v(
+      [](std::string& s) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        (void)std::strtoll(s.c_str(), &end, 10);
+        if (s.empty() || *end != '\0') return "'" + s + "' is not a whole number";
+        if (errno == ERANGE) return s + " does not fit in 64 bits";
+        return "";
+      },
+      "INT");
+  return v;
+}
+
+namespace {
+const CLI::Validator& nonzero_finite() {
+  static const CLI::Validator v(
+      [](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(s.c_str(), &end);
+        if (s.empty() || *end != '\0' || !std::isfinite(x))
+          return "'" + s + "' is not a finite number";
+        if (x == 0.0) return "the scale must be non-zero (leave --scale out for 1/sqrt(dim))";
+        return "";
+      },
+      "X");
+  return v;
+}
+
+const CLI::Validator& unsigned_integer() {
+  static const CLI::Validator v(
+      [](std::string& s) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        (void)std::strtoull(s.c_str(), &end, 10);
+        if (s.empty() || *end != '\0' || s[0] == '-')
+          return "'" + s + "' is not a whole number >= 0";
+        if (errno == ERANGE) return s + " does not fit in 64 bits";
+        return "";
+      },
+      "N");
+  return v;
+}
+}  // namespace
+
+void parse_sparsity(const std::string& spec, const std::string& file, const std::string& block,
+                    BlockSparsity& out) {
+  out = BlockSparsity{};
+  if (!file.empty() && !spec.empty())
+    throw BadInput("give either --block-mask FILE or --block-sparsity SPEC, not both");
+  if (!block.empty()) {
+    const size_t x = block.find('x');
+    auto num = [&](const std::string& t) {
+      char* end = nullptr;
+      errno = 0;
+      const long long v = std::strtoll(t.c_str(), &end, 10);
+      if (t.empty() || *end != '\0' || errno == ERANGE || v < 1 || v > kMaxExtent)
+        throw BadInput("--mask-block must be N or NxM with positive whole numbers (got '" + block +
+                       "')");
+      return int64_t(v);
+    };
+    out.block_q = num(block.substr(0, x));
+    out.block_k = x == std::string::npos ? out.block_q : num(block.substr(x + 1));
+  }
+  if (!file.empty()) {
+    out.kind = BlockSparsity::Kind::file;
+    out.file = file;
+    return;
+  }
+  if (spec.empty()) {
+    if (!block.empty())
+      throw BadInput("--mask-block needs --block-mask FILE or --block-sparsity SPEC");
+    return;
+  }
+  const size_t colon = spec.find(':');
+  const std::string kind = spec.substr(0, colon),
+                    arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  char* end = nullptr;
+  if (kind == "random") {
+    const double rho = std::strtod(arg.c_str(), &end);
+    if (arg.empty() || *end != '\0' || !(rho >= 0.0 && rho <= 1.0))
+      throw BadInput("--block-sparsity random:RHO needs RHO in [0, 1] (got '" + spec + "')");
+    out.kind = BlockSparsity::Kind::random;
+    out.density = rho;
+  } else if (kind == "local") {
+    errno = 0;
+    const long long w = std::strtoll(arg.c_str(), &end, 10);
+    if (arg.empty() || *end != '\0' || errno == ERANGE || w < 1 || w > kMaxExtent)
+      throw BadInput("--block-sparsity local:W needs a whole number W >= 1 (got '" + spec + "')");
+    out.kind = BlockSparsity::Kind::local;
+    out.width = w;
+  } else {
+    throw BadInput("--block-sparsity must be random:RHO or local:W (got '" + spec + "')");
+  }
+}
+
 void add_common_options(CLI::App& app, CommonOptions& o) {
-  auto* g = "Problem (ignored shapes come from the files with --load)";
-  o.shape_opts[0] =
-      app.add_option("--batch", o.p.batch, "batch size B")->capture_default_str()->group(g);
-  o.shape_opts[1] =
-      app.add_option("--heads", o.p.heads, "query heads H")->capture_default_str()->group(g);
-  o.shape_opts[2] = app.add_option("--heads-kv", o.p.heads_kv,
-                                   "K/V heads (GQA/MQA; H % heads-kv == 0; default: H)")
-                        ->group(g);
-  o.shape_opts[3] =
-      app.add_option("--seq-q", o.p.seq_q, "query length M")->capture_default_str()->group(g);
-  o.shape_opts[4] =
-      app.add_option("--seq-k", o.p.seq_k, "key length N")->capture_default_str()->group(g);
-  o.shape_opts[5] =
-      app.add_option("--dim", o.p.dim, "head dimension d")->capture_default_str()->group(g);
+  auto* g = "Problem (with --load the shapes come from the files)";
+  auto shape = [&](const char* flag, int64_t& v, const char* help) {
+    return app.add_option(flag, v, help)->check(strict_integer())->group(g);
+  };
+  o.shape_opts[0] = shape("--batch", o.p.batch, "batch size B")->capture_default_str();
+  o.shape_opts[1] = shape("--heads", o.p.heads, "query heads H")->capture_default_str();
+  o.shape_opts[2] = o.heads_kv_opt =
+      shape("--heads-kv", o.p.heads_kv, "K/V heads (GQA/MQA; H % heads-kv == 0; default: H)");
+  o.shape_opts[3] = shape("--seq-q", o.p.seq_q, "query length M")->capture_default_str();
+  o.shape_opts[4] = shape("--seq-k", o.p.seq_k, "key length N")->capture_default_str();
+  o.shape_opts[5] = shape("--dim", o.p.dim, "head dimension d")->capture_default_str();
   app.add_flag("--causal", o.p.causal,
                "bottom-right causal mask: key j visible to query i iff j <= i + N - M")
       ->group(g);
-  app.add_option("--scale", o.p.scale, "softmax scale (default 1/sqrt(dim))")->group(g);
+  app.add_option("--scale", o.p.scale, "softmax scale, finite and non-zero (default 1/sqrt(dim))")
+      ->check(nonzero_finite())
+      ->group(g);
   app.add_option("--dtype", o.dtype, "fp64 | fp32 | fp16 | bf16 (default: the step's first)")
       ->group(g);
-  app.add_option("--seed", o.p.seed, "seed of the generated inputs")
+  app.add_option("--seed", o.p.seed, "seed of the generated inputs (and of a random block mask)")
+      ->check(unsigned_integer())
       ->capture_default_str()
       ->group(g);
   app.add_option("--inputs", o.inputs,
@@ -34,12 +134,34 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
       ->group(g);
   app.add_flag("--backward", o.p.backward, "also run the backward pass (dQ, dK, dV; needs dO)")
       ->group(g);
+  app.add_option("--dropout", o.p.dropout,
+                 "dropout rate P in [0, 1) on the attention weights (kept ones scaled by 1/(1-P))")
+      ->check(CLI::Range(0.0, 1.0))
+      ->group(g);
+  app.add_option("--dropout-seed", o.p.dropout_seed, "seed of the dropout mask (Philox4x32-10)")
+      ->check(unsigned_integer())
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--block-sparsity", o.block_sparsity,
+                 "a generated block mask: random:RHO (each block kept with probability RHO, "
+                 "seeded by --seed) or local:W (a band of W key blocks ending at the diagonal)")
+      ->type_name("SPEC")
+      ->group(g);
+  app.add_option("--block-mask", o.block_mask,
+                 "a block mask .npy of 0/1, shaped [B or 1, H or 1, ceil(M/Bm), ceil(N/Bn)]")
+      ->type_name("FILE")
+      ->group(g);
+  app.add_option("--mask-block", o.mask_block, "the mask's block Bm x Bn: N or NxM (default 128)")
+      ->type_name("BLOCK")
+      ->group(g);
 
   auto* io = "Files";
   app.add_option("--load", o.load, "read q.npy, k.npy, v.npy (and do.npy with --backward) from DIR")
       ->type_name("DIR")
       ->group(io);
-  app.add_option("--save", o.save, "write o.npy, lse.npy (and dq/dk/dv.npy) as float32 to DIR")
+  app.add_option("--save", o.save,
+                 "write o.npy, lse.npy (and dq/dk/dv.npy) as float32 to DIR, all or none; other "
+                 "output files of an earlier run in DIR are removed")
       ->type_name("DIR")
       ->group(io);
   app.add_flag("--save-f64", o.save_f64, "write float64 instead (to check the oracle itself)")
@@ -48,16 +170,21 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
   auto* rg = "Running";
   app.add_option("--repeats", o.repeats,
                  "timed repetitions, median reported (default: CPU 3, GPU 20)")
+      ->check(CLI::Range(1, 1000000))
       ->group(rg);
-  app.add_option("--warmup", o.warmup, "untimed runs first (default: CPU 1, GPU 3)")->group(rg);
+  app.add_option("--warmup", o.warmup, "untimed runs first (default: CPU 1, GPU 3)")
+      ->check(CLI::Range(0, 1000000))
+      ->group(rg);
   app.add_option("--variant", o.run.variant,
                  "a variant of the step's algorithm (see the step's list)")
       ->group(rg);
   app.add_option("--tile-q", o.run.tile_q,
                  "Br, query rows per tile, for tiled steps (0: the step's choice)")
+      ->check(CLI::Range(0, 1 << 30))
       ->group(rg);
   app.add_option("--tile-k", o.run.tile_k,
                  "Bc, keys per tile, for tiled steps (0: the step's choice)")
+      ->check(CLI::Range(0, 1 << 30))
       ->group(rg);
   app.add_option("--check", o.check,
                  "auto | full | sampled | none: check against the float64 oracle")

@@ -1,11 +1,9 @@
-// The shared command line (LADDER.md, "The command line"): every step program and
+// The shared command line (docs/CONTRACT.md, "The command line"): every step program and
 // `ladder run` take exactly these flags.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <string>
 
-#include "check.hpp"
-#include "inputs.hpp"
 #include "problem.hpp"
 #include "step.hpp"
 
@@ -18,9 +16,11 @@ struct CommonOptions {
   bool save_f64 = false;
   std::string inputs = "normal";
   std::string check = "auto";
+  std::string block_mask, block_sparsity, mask_block;  // as given; resolve_problem parses them
   RunOptions run;
   int repeats = 0, warmup = -1;  // 0 / -1: the step's default (CPU 3 / 1, GPU 20 / 3)
   CLI::Option* shape_opts[6] = {};
+  CLI::Option* heads_kv_opt = nullptr;
 };
 
 // Registers the flags on `app` (a step program or the `ladder run` subcommand).
@@ -29,5 +29,14 @@ void add_common_options(CLI::App& app, CommonOptions& o);
 // Parses argv; returns -1 to go on, else the exit status (0 after --help, 2 on a parse
 // error, with the message printed).
 int parse_or_exit(CLI::App& app, int argc, char** argv);
+
+// A CLI11 check that the text is a whole number that fits int64 (CLI11 alone would clamp
+// 99999999999999999999 to the largest int64).
+const CLI::Validator& strict_integer();
+
+// "random:0.25", "local:4" (with --mask-block "128" or "128x64") into p.sparsity; a file given
+// by --block-mask makes the kind `file`. Throws BadInput.
+void parse_sparsity(const std::string& spec, const std::string& file, const std::string& block,
+                    BlockSparsity& out);
 
 }  // namespace ladder

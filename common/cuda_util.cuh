@@ -1,5 +1,6 @@
-// CUDA plumbing shared by the GPU rungs: error checks, the device check (exit 3),
-// device buffers that are poisoned before a run, and event timing.
+// CUDA plumbing shared by the GPU rungs: error checks, device buffers that are poisoned
+// before a run, host <-> device element conversions, and event timing. gpu_run.cuh builds the
+// one host path of a CUDA step on these.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -34,34 +35,11 @@ inline void cuda_check(cudaError_t e, const char* what, const char* file, int li
                       cudaGetErrorString(e) + note);
 }
 #define CUDA_CHECK(expr) ::ladder::cuda_check((expr), #expr, __FILE__, __LINE__)
-// After every launch: the launch itself, then (synchronously) the kernel's execution.
+// After every launch: whether the launch was accepted (a bad configuration, too much shared
+// memory). It does not wait for the kernel: errors during execution surface at the next
+// synchronising call, which time_gpu_ms makes after the warm-up and after the timed runs.
 #define CUDA_CHECK_LAUNCH() \
   ::ladder::cuda_check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
-
-// Throws NoDevice (exit 3) when no CUDA device is usable; returns its properties.
-inline cudaDeviceProp require_device() {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    (void)cudaGetLastError();
-    throw NoDevice(std::string("this step needs a CUDA device: ") +
-                   (e != cudaSuccess ? cudaGetErrorString(e) : "none found"));
-  }
-  cudaDeviceProp prop{};
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  return prop;
-}
-
-// Throws BadInput (exit 2), before anything is allocated, when `bytes` more device memory
-// would not fit in what is free now.
-inline void require_free_memory(double bytes, const std::string& what) {
-  size_t free_b = 0, total_b = 0;
-  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  if (bytes > double(free_b) * 0.95)
-    throw BadInput(what + " needs " + std::to_string(bytes / double(1 << 30)) +
-                   " GiB of device memory; " + std::to_string(double(free_b) / double(1 << 30)) +
-                   " GiB are free");
-}
 
 // An owning device array of T.
 template <class T>
@@ -118,6 +96,16 @@ inline std::vector<__nv_bfloat16> host_bf16(const Tensor& t) {
   std::vector<__nv_bfloat16> h(t.data.size());
   to_bf16_bits(t, reinterpret_cast<uint16_t*>(h.data()));
   return h;
+}
+// A tensor's values in the device element type T (float, __half or __nv_bfloat16).
+template <class T>
+std::vector<T> to_device(const Tensor& t) {
+  if constexpr (std::is_same_v<T, float>)
+    return to_float(t);
+  else if constexpr (std::is_same_v<T, __half>)
+    return host_f16(t);
+  else
+    return host_bf16(t);
 }
 template <class T>
 void to_tensor(const std::vector<T>& h, Tensor& t) {

@@ -1,6 +1,7 @@
 #include <cuda_runtime.h>
 
 #include "device.hpp"
+#include "error.hpp"
 
 namespace ladder {
 
@@ -15,6 +16,26 @@ int cuda_device_count(std::string* why) {
     return 0;
   }
   return n;
+}
+
+DeviceInfo require_device() {
+  std::string why;
+  if (cuda_device_count(&why) == 0) throw NoDevice("this step needs a CUDA device: " + why);
+  int dev = 0;
+  cudaDeviceProp prop{};
+  size_t free_b = 0, total_b = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess ||
+      cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    const cudaError_t e = cudaGetLastError();
+    throw NoDevice(std::string("the CUDA device cannot be used: ") + cudaGetErrorString(e));
+  }
+  DeviceInfo d;
+  d.cc = prop.major * 10 + prop.minor;
+  d.smem_per_block = prop.sharedMemPerBlockOptin;
+  d.l2_bytes = size_t(prop.l2CacheSize);
+  d.free_bytes = free_b;
+  d.name = prop.name;
+  return d;
 }
 
 std::string gpu_name() {

@@ -1,11 +1,21 @@
 // Built when no CUDA toolkit was found: the GPU rungs are not built at all.
 #include "device.hpp"
+#include "error.hpp"
 
 namespace ladder {
 
+namespace {
+constexpr const char* kNoCuda =
+    "this build has no CUDA (no CUDA toolkit was found at configure time)";
+}
+
 int cuda_device_count(std::string* why) {
-  if (why) *why = "this build has no CUDA (no CUDA toolkit was found at configure time)";
+  if (why) *why = kNoCuda;
   return 0;
+}
+
+DeviceInfo require_device() {
+  throw NoDevice(kNoCuda);
 }
 
 std::string cuda_device_description() {

@@ -1,4 +1,4 @@
-// Errors that end a step program with the exit status LADDER.md promises:
+// Errors that end a step program with the exit status docs/CONTRACT.md promises:
 // 2 for bad or unsupported input, 3 for a GPU step with no CUDA device.
 #pragma once
 #include <exception>

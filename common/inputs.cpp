@@ -1,6 +1,8 @@
 #include "inputs.hpp"
 
+#include <cmath>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -75,6 +77,7 @@ Inputs make_inputs(const Problem& p, InputKind kind) {
     fill(in.dout, rng, 0.0, 1.0, 1.0);
   }
   round_inputs(in, p.dtype);
+  in.mask = make_block_mask(p);
   return in;
 }
 
@@ -86,6 +89,35 @@ void round_inputs(Inputs& in, DType t) {
       for (int64_t i = b; i < e; ++i) d[i] = round_to(t, d[i]);
     });
   }
+}
+
+std::string non_finite_input(const Inputs& in) {
+  const std::pair<const char*, const Tensor*> named[] = {
+      {"Q", &in.q}, {"K", &in.k}, {"V", &in.v}, {"dO", &in.dout}};
+  for (const auto& [name, t] : named) {
+    const double* d = t->data.data();
+    const int chunks = parallel_chunk_count(t->numel());
+    std::vector<int64_t> first(size_t(chunks), -1);
+    parallel_chunks(t->numel(), chunks, [&](int c, int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        if (!std::isfinite(d[i])) {
+          first[size_t(c)] = i;
+          return;
+        }
+    });
+    for (int64_t f : first) {
+      if (f < 0) continue;
+      std::string where;  // [b, h, i, c]
+      for (size_t k = t->shape.size(), rest = size_t(f); k-- > 0; rest /= size_t(t->shape[k]))
+        where = std::to_string(rest % size_t(t->shape[k])) + (where.empty() ? "" : ", ") + where;
+      const double x = d[f];
+      return std::string(name) + "[" + where + "] is " +
+             (std::isnan(x) ? "NaN"
+              : x > 0       ? "+inf"
+                            : "-inf");
+    }
+  }
+  return "";
 }
 
 }  // namespace ladder

@@ -2,6 +2,7 @@
 #pragma once
 #include <string>
 
+#include "block_mask.hpp"
 #include "problem.hpp"
 #include "tensor.hpp"
 
@@ -10,6 +11,7 @@ namespace ladder {
 struct Inputs {
   Tensor q, k, v;  // [B, H, M, d], [B, Hkv, N, d], [B, Hkv, N, d]
   Tensor dout;     // [B, H, M, d]; only with backward
+  BlockMask mask;  // empty unless the problem is block-sparse
 };
 
 struct Outputs {
@@ -30,10 +32,15 @@ struct Outputs {
 enum class InputKind { normal, large };
 bool parse_input_kind(const std::string& s, InputKind& out);
 
-// Draws Q, K, V (and dO when p.backward) and rounds them to p.dtype.
+// Draws Q, K, V (and dO when p.backward), rounds them to p.dtype, and makes the block mask
+// of a random:RHO or local:W problem.
 Inputs make_inputs(const Problem& p, InputKind kind = InputKind::normal);
 
 // Rounds every input value to `t` in place (what a step of that dtype will see).
 void round_inputs(Inputs& in, DType t);
+
+// Empty if every input value is finite, else which tensor holds the first value that is not
+// (after rounding: 1e300 is finite in float64 and inf in fp32).
+std::string non_finite_input(const Inputs& in);
 
 }  // namespace ladder

@@ -3,89 +3,152 @@
 #include <algorithm>
 #include <sstream>
 
+#include "error.hpp"
+
 namespace ladder {
 
-std::string Step::unsupported(const Problem& p, const std::string& variant) const {
+namespace {
+template <class T>
+bool contains(const std::vector<T>& v, const T& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+std::string dims_str(const std::vector<int64_t>& dims, const char* sep = " ") {
+  std::ostringstream s;
+  for (size_t i = 0; i < dims.size(); ++i) s << (i ? sep : "") << dims[i];
+  return s.str();
+}
+
+std::string dtypes_str(const std::vector<DType>& ts, const char* sep = " ") {
+  std::string s;
+  for (size_t i = 0; i < ts.size(); ++i) s += (i ? sep : "") + std::string(dtype_name(ts[i]));
+  return s;
+}
+}  // namespace
+
+const Variant* Step::find_variant(const std::string& v) const {
+  if (v.empty()) return &variants.front();
+  for (const Variant& x : variants)
+    if (x.name == v) return &x;
+  return nullptr;
+}
+
+std::string Step::unsupported(const Problem& p, const RunOptions& o) const {
   std::ostringstream e;
-  for (const Variant& v : variants) {
-    if (v.name != variant) continue;
-    const bool dtype_ok =
-        v.dtypes.empty() || std::find(v.dtypes.begin(), v.dtypes.end(), p.dtype) != v.dtypes.end();
-    const bool dim_ok = v.head_dims.empty() || std::find(v.head_dims.begin(), v.head_dims.end(),
-                                                         p.dim) != v.head_dims.end();
-    if (dtype_ok && dim_ok) break;
-    e << "variant '" << v.name << "' of step " << name << " is built for";
-    for (DType t : (v.dtypes.empty() ? caps.dtypes : v.dtypes)) e << " " << dtype_name(t);
-    e << " with --dim";
-    for (int64_t d : (v.head_dims.empty() ? caps.head_dims : v.head_dims)) e << " " << d;
-    e << " only (the default variant '" << variants.front().name << "' covers "
+  const Variant* v = find_variant(o.variant);
+  if (!v) {
+    e << "step " << name << " has no variant '" << o.variant << "'; its variants are:";
+    for (const Variant& x : variants) e << " " << x.name;
+    return e.str();
+  }
+  if (!contains(caps.dtypes, p.dtype))
+    return "step " + name + " does not support --dtype " + dtype_name(p.dtype) + "; it supports " +
+           dtypes_str(caps.dtypes);
+  if (!caps.head_dims.empty() && !contains(caps.head_dims, p.dim))
+    return "step " + name + " does not support --dim " + std::to_string(p.dim) + "; it supports " +
+           dims_str(caps.head_dims);
+  if (caps.head_dims.empty() && caps.max_dim > 0 && p.dim > caps.max_dim)
+    return "step " + name + " supports --dim up to " + std::to_string(caps.max_dim) + ", got " +
+           std::to_string(p.dim);
+  const bool v_dtype = v->dtypes.empty() || contains(v->dtypes, p.dtype);
+  const bool v_dim = v->head_dims.empty() || contains(v->head_dims, p.dim);
+  if (!v_dtype || !v_dim) {
+    e << "variant '" << v->name << "' of step " << name << " is built for "
+      << dtypes_str(v->dtypes.empty() ? caps.dtypes : v->dtypes) << " with --dim "
+      << dims_str(v->head_dims.empty() ? caps.head_dims : v->head_dims)
+      << " only (the default variant '" << variants.front().name << "' covers "
       << capabilities_str() << ")";
-    return e.str();
-  }
-  if (std::find(caps.dtypes.begin(), caps.dtypes.end(), p.dtype) == caps.dtypes.end()) {
-    e << "step " << name << " does not support dtype " << dtype_name(p.dtype) << "; it supports";
-    for (DType t : caps.dtypes) e << " " << dtype_name(t);
-    return e.str();
-  }
-  if (!caps.head_dims.empty() &&
-      std::find(caps.head_dims.begin(), caps.head_dims.end(), p.dim) == caps.head_dims.end()) {
-    e << "step " << name << " does not support --dim " << p.dim << "; it supports";
-    for (int64_t d : caps.head_dims) e << " " << d;
-    return e.str();
-  }
-  if (caps.head_dims.empty() && caps.max_dim > 0 && p.dim > caps.max_dim) {
-    e << "step " << name << " supports --dim up to " << caps.max_dim << ", got " << p.dim;
     return e.str();
   }
   if (p.causal && !caps.causal) return "step " + name + " does not support --causal";
   if (p.heads != p.heads_kv && !caps.gqa)
     return "step " + name + " does not support GQA (--heads-kv must equal --heads)";
   if (p.backward && !caps.backward) return "step " + name + " has no backward pass";
-  if (p.backward && !backward_supports(p.dim)) {
-    e << "step " << name << "'s backward supports --dim";
-    for (int64_t d : caps.backward_head_dims) e << " " << d;
-    e << " (the forward also " << (caps.head_dims.empty() ? "others" : "the rest of its dims")
-      << ")";
-    return e.str();
+  if (p.backward && !backward_supports(p.dim))
+    return "step " + name + "'s backward supports --dim " + dims_str(caps.backward_head_dims) +
+           " (its forward also runs --dim " + std::to_string(p.dim) + ")";
+  if (p.backward && !v->backward)
+    return "variant '" + v->name + "' of step " + name + " has no backward pass (the default '" +
+           variants.front().name + "' has)";
+  if (p.dropout > 0 && !caps.dropout)
+    return "step " + name + " does not support --dropout (rungs with dropout: see `ladder list`)";
+  if (p.sparsity.active() && !caps.block_sparse)
+    return "step " + name +
+           " does not support block-sparse masks (rungs with them: see `ladder list`)";
+  auto limit = [&](const char* flag, int64_t v, int64_t max) -> std::string {
+    if (max > 0 && v > max)
+      return "step " + name + " supports " + flag + " up to " + std::to_string(max) + ", got " +
+             std::to_string(v);
+    return "";
+  };
+  for (const std::string& why :
+       {limit("--batch", p.batch, caps.max_batch), limit("--heads", p.heads, caps.max_heads),
+        limit("--seq-q", p.seq_q, caps.max_seq), limit("--seq-k", p.seq_k, caps.max_seq)})
+    if (!why.empty()) return why;
+  // The tile flags, as far as they can be judged without a device (a rule that reads the
+  // device's shared memory runs again in unsupported_on).
+  if (!tiles && (o.tile_q != 0 || o.tile_k != 0))
+    return "step " + name + " is not tiled: --tile-q and --tile-k do not apply to it";
+  if (tiles) {
+    RunOptions resolved = o;
+    resolved.variant = v->name;
+    try {
+      tiles(p, resolved, DeviceInfo{});
+    } catch (const BadInput& e) {
+      return e.what();
+    }
   }
   return "";
 }
 
-std::string Step::unknown_variant(const std::string& v) const {
-  if (v.empty()) return "";
-  for (const Variant& x : variants)
-    if (x.name == v) return "";
-  std::ostringstream e;
-  e << "step " << name << " has no variant '" << v << "'; its variants are:";
-  for (const Variant& x : variants) e << " " << x.name;
-  return e.str();
+Tiles Step::tiles_for(const Problem& p, const RunOptions& o, const DeviceInfo& dev) const {
+  return tiles ? tiles(p, o, dev) : Tiles{};
+}
+
+std::string Step::unsupported_on(const Problem& p, const RunOptions& o,
+                                 const DeviceInfo& dev) const {
+  if (device == Device::cuda && caps.min_cc > 0 && dev.cc < caps.min_cc)
+    return "step " + name + " needs a GPU of compute capability " +
+           std::to_string(caps.min_cc / 10) + "." + std::to_string(caps.min_cc % 10) +
+           " (this one, " + dev.name + ", is " + std::to_string(dev.cc / 10) + "." +
+           std::to_string(dev.cc % 10) + ")";
+  RunOptions resolved = o;
+  if (const Variant* v = find_variant(o.variant)) resolved.variant = v->name;
+  try {
+    const Tiles t = tiles_for(p, resolved, dev);
+    // A block mask is applied a tile at a time: each tile must lie inside one mask block.
+    if (p.sparsity.active() && t.q > 0 &&
+        (p.sparsity.block_q % t.q != 0 || p.sparsity.block_k % t.k != 0))
+      return "step " + name + " runs Br x Bc = " + std::to_string(t.q) + "x" + std::to_string(t.k) +
+             " tiles here, which must divide the mask block (--mask-block " +
+             std::to_string(p.sparsity.block_q) + "x" + std::to_string(p.sparsity.block_k) +
+             "): use a mask block that is a multiple of them";
+  } catch (const BadInput& e) {
+    return e.what();
+  }
+  return "";
 }
 
 std::string Step::capabilities_str() const {
   std::ostringstream s;
-  for (size_t i = 0; i < caps.dtypes.size(); ++i) s << (i ? "/" : "") << dtype_name(caps.dtypes[i]);
-  s << ", d ";
-  if (caps.head_dims.empty()) {
+  s << dtypes_str(caps.dtypes, "/") << ", d ";
+  if (caps.head_dims.empty())
     s << (caps.max_dim ? "<= " + std::to_string(caps.max_dim) : "any");
-  } else {
-    for (size_t i = 0; i < caps.head_dims.size(); ++i) s << (i ? "," : "") << caps.head_dims[i];
-  }
+  else
+    s << dims_str(caps.head_dims, ",");
   if (caps.causal) s << ", causal";
   if (caps.gqa) s << ", GQA";
   s << (caps.backward ? ", fwd+bwd" : ", fwd only");
-  if (caps.backward && !caps.backward_head_dims.empty()) {
-    s << " (bwd d ";
-    for (size_t i = 0; i < caps.backward_head_dims.size(); ++i)
-      s << (i ? "," : "") << caps.backward_head_dims[i];
-    s << ")";
-  }
+  if (caps.backward && !caps.backward_head_dims.empty())
+    s << " (bwd d " << dims_str(caps.backward_head_dims, ",") << ")";
+  if (caps.dropout) s << ", dropout";
+  if (caps.block_sparse) s << ", block-sparse";
+  if (caps.min_cc > 0) s << ", sm_" << caps.min_cc << "+";
   return s.str();
 }
 
 bool Step::backward_supports(int64_t d) const {
-  return caps.backward && (caps.backward_head_dims.empty() ||
-                           std::find(caps.backward_head_dims.begin(), caps.backward_head_dims.end(),
-                                     d) != caps.backward_head_dims.end());
+  return caps.backward && (caps.backward_head_dims.empty() || contains(caps.backward_head_dims, d));
 }
 
 double median(std::vector<double> v) {

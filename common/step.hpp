@@ -1,12 +1,15 @@
-// The step descriptor: what a rung is, what it supports, and how to run it.
-// Every step folder defines one `const Step& step_NN()`; the step program, the
-// `ladder` driver and the Catch2 harness all work from these descriptors.
+// The step descriptor: what a rung is and what it supports, in one place. Every step folder
+// defines one `const Step& step_NN()` (declared in steps/steps.hpp). The step program, the
+// `ladder` driver, `--help`, `ladder list` and the Catch2 harness all read it; the runner
+// (runner/program.*) checks a problem against it before anything is allocated, so a step's
+// run() receives a problem it supports and does not check it again.
 #pragma once
 #include <cstddef>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "device.hpp"
 #include "inputs.hpp"
 #include "problem.hpp"
 
@@ -20,12 +23,17 @@ struct Capabilities {
   int64_t max_dim = 0;             // 0: no limit (only with empty head_dims)
   bool causal = true, gqa = true, backward = false;
   std::vector<int64_t> backward_head_dims;  // with backward: the dims it covers (empty: all)
-  std::string limits;                       // anything else a user should know, in words
+  bool dropout = false;                     // --dropout P
+  bool block_sparse = false;                // --block-mask / --block-sparsity
+  // Limits of the step's index arithmetic and launch grid (0: only the contract's limits).
+  int64_t max_batch = 0, max_heads = 0, max_seq = 0;
+  int min_cc = 0;      // CUDA: the lowest compute capability it runs on (90: sm_90a)
+  std::string limits;  // anything else a user should know, in words (tiles, workspace)
 };
 
-// A selectable form of the step's algorithm (e.g. step 02's tiled form, step 05's FA1
-// loop order). The first variant is the default. `checked` variants run in the harness;
-// an unchecked one exists to show a failure (step 01's unshifted exp).
+// A selectable form of the step's algorithm (e.g. step 02's tiled form, step 05's FA1 loop
+// order). The first variant is the default. `checked` variants run in the harness; an
+// unchecked one exists to show a failure (step 01's unshifted exp).
 struct Variant {
   std::string name, summary;
   bool checked = true;
@@ -33,14 +41,21 @@ struct Variant {
   // teaching variants: bf16, d 64 and 128 only). Empty: everything the step supports.
   std::vector<DType> dtypes = {};
   std::vector<int64_t> head_dims = {};
+  // False where a variant has no backward pass although the step has one.
+  bool backward = true;
 };
 
 struct RunOptions {
-  std::string variant;         // empty: the default
+  std::string variant;         // empty: the default; the runner resolves it before run()
   int repeats = 1;             // timed repetitions (median reported)
   int warmup = 0;              // untimed runs first
-  int tile_q = 0, tile_k = 0;  // Br, Bc overrides for tiled steps (0: the step's choice)
+  int tile_q = 0, tile_k = 0;  // Br, Bc: 0 asks for the step's choice; run() sees the choice
   bool verbose = false;
+};
+
+// The tiles (Br query rows, Bc keys) a run uses; 0 for an untiled step.
+struct Tiles {
+  int q = 0, k = 0;
 };
 
 struct RunResult {
@@ -49,8 +64,9 @@ struct RunResult {
   std::string config;             // e.g. the tile sizes the step chose
 };
 
-// Runs the step: fills `out` (allocated and NaN-poisoned by the caller) with O and LSE, and
-// dQ, dK, dV when p.backward. Throws BadInput (exit 2) for unsupported input, NoDevice (3).
+// Runs the step on a problem the descriptor supports: fills `out` (allocated and NaN-poisoned
+// by the caller) with O and LSE, and dQ, dK, dV when p.backward. Throws NoDevice (exit 3) only
+// for a device that disappeared; anything else it throws is a failure of the run.
 using RunFn = std::function<RunResult(const Problem&, const Inputs&, Outputs&, const RunOptions&)>;
 
 struct Step {
@@ -61,14 +77,25 @@ struct Step {
   Device device = Device::cpu;
   Capabilities caps;
   std::vector<Variant> variants;  // at least one
+  // The tiles a run uses, given the options (--tile-q/--tile-k: 0 = the step's choice) and the
+  // device. Throws BadInput naming what the step accepts. Unset: an untiled step, whose
+  // tile flags must be 0.
+  std::function<Tiles(const Problem&, const RunOptions&, const DeviceInfo&)> tiles;
+  // Bytes of memory beyond the inputs and outputs a run needs (host memory for a CPU step,
+  // device memory for a CUDA step), checked against what is free before anything is
+  // allocated. Unset: none.
+  std::function<double(const Problem&, const RunOptions&)> workspace;
   RunFn run;
 
   DType default_dtype() const { return caps.dtypes.front(); }
-  // Empty if the step (and, if named, its variant) can run p, ignoring the device; else why
-  // not and what is supported.
-  std::string unsupported(const Problem& p, const std::string& variant = "") const;
-  // Empty if `v` names a variant (or is empty), else the list of variants.
-  std::string unknown_variant(const std::string& v) const;
+  const Variant* find_variant(const std::string& v) const;  // empty: the default
+  // Empty if the step (and its variant and tile options) can run p on some machine; else why
+  // not, naming what is supported. Needs no device.
+  std::string unsupported(const Problem& p, const RunOptions& o = {}) const;
+  // The same for this device: compute capability and tiles that depend on the device.
+  std::string unsupported_on(const Problem& p, const RunOptions& o, const DeviceInfo& dev) const;
+  // The tiles the run would use on `dev` (Tiles{} for an untiled step); throws BadInput.
+  Tiles tiles_for(const Problem& p, const RunOptions& o, const DeviceInfo& dev) const;
   std::string capabilities_str() const;
   // Whether the backward pass covers head dim d.
   bool backward_supports(int64_t d) const;

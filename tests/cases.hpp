@@ -1,4 +1,4 @@
-// The one named list of test cases every step is checked on (LADDER.md, "The harness").
+// The one named list of test cases every step is checked on (docs/CONTRACT.md, "The harness").
 // A case fixes shapes, mask, scale and input kind; the harness runs it in each dtype the
 // step supports, with the backward pass when the step has one, and skips (naming the
 // reason) what the step does not support.

@@ -1,6 +1,6 @@
 // The one Catch2 harness: runs every shared case a step supports, in every dtype and
-// checked variant it has, against the float64 oracle with the LADDER.md rule, and names
-// each case it does not run and why.
+// checked variant it has, against the float64 oracle with the contract's rule
+// (docs/CONTRACT.md, "The harness"), and names each case it does not run and why.
 //   harness --step NN [catch2 options]
 // Exit 77 (ctest: skipped) when the step needs a CUDA device and none is present.
 #define CATCH_CONFIG_RUNNER
@@ -14,7 +14,7 @@
 #include "cases.hpp"
 #include "device.hpp"
 #include "program.hpp"
-#include "registry.hpp"
+#include "rungs.hpp"
 #include "report.hpp"
 
 namespace {
@@ -46,7 +46,9 @@ TEST_CASE("shared cases against the float64 oracle", "[harness]") {
       }
       for (const Variant& v : s.variants) {
         if (!v.checked) continue;
-        const std::string why_variant = s.unsupported(p, v.name);
+        RunOptions ro;
+        ro.variant = v.name;
+        const std::string why_variant = s.unsupported(p, ro);
         if (why_variant.empty())
           jobs.push_back({label, p, c.kind, v.name});
         else

@@ -1,5 +1,5 @@
 // The step programs as a user (or a grader's script) runs them: exit statuses of
-// LADDER.md's command-line contract, messages that say what is supported, no output
+// the command-line contract (docs/CONTRACT.md), messages that say what is supported, no output
 // files after bad input, --help listing every flag, and .npy save/load round trips.
 // Each program runs as a subprocess with its output captured in a temporary directory.
 #include <catch2/catch.hpp>
@@ -21,8 +21,8 @@
 #include "inputs.hpp"
 #include "npy.hpp"
 #include "test_util.hpp"
-#include "reference.hpp"
-#include "registry.hpp"
+#include "oracle.hpp"
+#include "rungs.hpp"
 
 namespace fs = std::filesystem;
 using namespace ladder;
@@ -462,7 +462,7 @@ TEST_CASE("the ladder driver: list, compare, diff and bench keep their contract"
       ++headers;
       CHECK(line ==
             "step,dtype,batch,heads,heads_kv,seq_q,seq_k,dim,causal,direction,ms,tflops,gbps,"
-            "workspace_bytes,gpu,cuda,commit");
+            "workspace_bytes,gpu,cuda,commit,dropout,density");
     } else if (!line.empty()) {
       ++rows;
       CHECK((line.rfind("01,fp32,", 0) == 0 || line.rfind("02,fp32,", 0) == 0));

@@ -13,7 +13,7 @@
 
 #include "inputs.hpp"
 #include "problem.hpp"
-#include "reference.hpp"
+#include "oracle.hpp"
 #include "test_util.hpp"
 
 using namespace ladder;

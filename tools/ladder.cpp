@@ -6,9 +6,10 @@
 //   ladder diff A.npy B.npy     how far two arrays are apart, and where
 //   ladder bench [sweep flags]  the benchmark sweep, as rows of the results schema (CSV, JSON)
 //
-// Plumbing only: the algorithms live in steps/, the check in common/check.*, what a step
-// program does in common/program.*. Exit status as LADDER.md: 0 ok, 1 a check failed,
-// 2 bad or unsupported input, 3 a GPU step with no CUDA device.
+// Plumbing only: the algorithms live in steps/, the check in runner/check.*, what a step
+// program does in runner/program.*, the table of rungs in tools/rungs.cpp. Exit status as
+// docs/CONTRACT.md says: 0 ok, 1 a check failed, 2 bad or unsupported input, 3 a GPU step
+// with no (suitable) CUDA device.
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,10 +29,11 @@
 #include <vector>
 
 #include "device.hpp"
+#include "memory.hpp"
 #include "error.hpp"
 #include "npy.hpp"
 #include "program.hpp"
-#include "registry.hpp"
+#include "rungs.hpp"
 #include "report.hpp"
 
 #ifndef LADDER_SOURCE_DIR
@@ -152,11 +154,11 @@ std::string shape_str(const Problem& p) {
   return s.str();
 }
 
-// ------------------------------------------------------------------ results (LADDER.md schema)
+// ---------------------------------------------- results (docs/CONTRACT.md, "Results files")
 
 constexpr const char* kResultsHeader =
     "step,dtype,batch,heads,heads_kv,seq_q,seq_k,dim,causal,direction,ms,tflops,gbps,"
-    "workspace_bytes,gpu,cuda,commit";
+    "workspace_bytes,gpu,cuda,commit,dropout,density";
 
 // Where a number was measured: named once per run of the driver.
 struct Provenance {
@@ -213,17 +215,19 @@ struct ResultRow {
   std::string direction;
   double ms = 0, tflops = 0, gbps = 0, workspace = 0;
   std::string gpu, cuda, commit;
+  double density = 1;  // the block mask's kept fraction (1: dense)
 };
 
 ResultRow make_row(const Step& s, const Problem& p, bool bwd, const RunResult& r,
-                   const Provenance& v) {
+                   const Provenance& v, double density) {
   ResultRow x;
+  x.density = density;
   x.step = two_digits(s.number);
   x.dtype = dtype_name(p.dtype);
   x.p = p;
   x.direction = bwd ? "bwd" : "fwd";
   x.ms = bwd ? r.bwd_ms : r.fwd_ms;
-  x.tflops = tflops(p, x.ms, bwd);
+  x.tflops = tflops(p, x.ms, bwd, density);
   x.gbps = gbps(p, x.ms, bwd);
   x.workspace = r.workspace_bytes;
   const bool gpu = s.device == Device::cuda;
@@ -274,7 +278,8 @@ std::string csv_line(const ResultRow& r) {
   s << r.step << "," << r.dtype << "," << p.batch << "," << p.heads << "," << p.heads_kv << ","
     << p.seq_q << "," << p.seq_k << "," << p.dim << "," << (p.causal ? 1 : 0) << "," << r.direction
     << "," << num(r.ms) << "," << num(r.tflops) << "," << num(r.gbps) << "," << fmt(r.workspace, 0)
-    << "," << csv_field(r.gpu) << "," << csv_field(r.cuda) << "," << csv_field(r.commit);
+    << "," << csv_field(r.gpu) << "," << csv_field(r.cuda) << "," << csv_field(r.commit) << ","
+    << num(p.dropout) << "," << num(r.density);
   return s.str();
 }
 
@@ -288,80 +293,65 @@ std::string json_object(const ResultRow& r) {
     << ", \"ms\": " << json_number(r.ms) << ", \"tflops\": " << json_number(r.tflops)
     << ", \"gbps\": " << json_number(r.gbps) << ", \"workspace_bytes\": " << fmt(r.workspace, 0)
     << ", \"gpu\": " << json_string(r.gpu) << ", \"cuda\": " << json_string(r.cuda)
-    << ", \"commit\": " << json_string(r.commit) << "}";
+    << ", \"commit\": " << json_string(r.commit) << ", \"dropout\": " << json_number(p.dropout)
+    << ", \"density\": " << json_number(r.density) << "}";
   return s.str();
 }
 
-// Appends rows of the results schema to a CSV file, one flushed line per measured point (a
-// sweep cut short keeps what it measured). A new or empty file gets the header; an existing
-// file must start with the same header, so that two schemas never mix in one file.
+// Rows of the results schema for a CSV file, written when the run ends, all at once: the
+// file (its old rows, then the new ones) is written to a temporary name beside it and renamed
+// over it, so a failed write (a full disk) exits 2 and leaves the old file as it was. A new or
+// empty file gets the header; an existing file must start with the same header, so that two
+// schemas never mix in one file (checked before anything is measured).
 class ResultsCsv {
  public:
   explicit ResultsCsv(const std::string& path) : path_(path) {
     if (path.empty()) return;
     std::error_code ec;
-    const bool has_rows = fs::is_regular_file(path, ec) && fs::file_size(path, ec) > 0;
-    bool needs_newline = false;
-    if (has_rows) {
+    if (fs::exists(path, ec)) require_regular_file(path, "--csv");
+    if (fs::is_regular_file(path, ec) && fs::file_size(path, ec) > 0) {
       std::ifstream in(path, std::ios::binary);
-      std::string first;
-      std::getline(in, first);
+      old_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      if (!in.good() && !in.eof()) throw BadInput("--csv " + path + ": cannot read the file");
+      std::string first = old_.substr(0, old_.find('\n'));
       if (!first.empty() && first.back() == '\r') first.pop_back();
       if (first != kResultsHeader)
         throw BadInput("--csv " + path + ": the file's header is\n  " + first +
                        "\nnot the results schema\n  " + kResultsHeader +
                        "\n(give a new file, or one written by ladder bench/compare)");
-      in.clear();
-      in.seekg(-1, std::ios::end);
-      needs_newline = in.get() != '\n';  // else our first row would join its last line
-    } else if (fs::path(path).has_parent_path()) {
-      fs::create_directories(fs::path(path).parent_path(), ec);
+      if (old_.back() != '\n') old_ += "\n";  // else the first new row would join its last line
+    } else {
+      old_ = std::string(kResultsHeader) + "\n";
+      fresh_ = true;
     }
-    out_.open(path, std::ios::app);
-    if (!out_) throw BadInput("--csv " + path + ": cannot open the file for writing");
-    if (!has_rows) out_ << kResultsHeader << "\n";
-    if (needs_newline) out_ << "\n";
-    out_.flush();
-    appending_ = has_rows;
   }
   void add(const ResultRow& r) {
-    if (!out_.is_open()) return;
-    out_ << csv_line(r) << "\n" << std::flush;
-    ++rows_;
+    if (path_.empty()) return;
+    rows_ += csv_line(r) + "\n";
+    ++count_;
   }
-  // "appended 12 rows to x.csv" (nothing without --csv).
-  std::string done() const {
+  // Writes the file; "appended 12 rows to x.csv" (nothing without --csv).
+  std::string commit() {
     if (path_.empty()) return "";
-    return (appending_ ? "appended " : "wrote ") + std::to_string(rows_) + " rows to " + path_ +
-           (appending_ ? "" : " (new file)");
+    write_file_atomically(path_, old_ + rows_, "--csv " + path_);
+    return (fresh_ ? "wrote " : "appended ") + std::to_string(count_) + " rows to " + path_ +
+           (fresh_ ? " (new file)" : "");
   }
 
  private:
-  std::string path_;
-  std::ofstream out_;
-  bool appending_ = false;
-  size_t rows_ = 0;
+  std::string path_, old_, rows_;
+  size_t count_ = 0;
+  bool fresh_ = false;
 };
 
-// Writes the rows as one JSON array, replacing the file (via a temporary, so a reader never
-// sees half an array).
+// Writes the rows as one JSON array, replacing the file atomically (a reader never sees half
+// an array; a failure leaves no temporary behind).
 void write_json(const std::string& path, const std::vector<ResultRow>& rows) {
-  std::error_code ec;
-  if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path(), ec);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) throw BadInput("--json " + path + ": cannot open the file for writing");
-    out << "[";
-    for (size_t i = 0; i < rows.size(); ++i) out << (i ? ",\n " : "\n ") << json_object(rows[i]);
-    out << "\n]\n";
-    if (!out.flush()) throw BadInput("--json " + path + ": write failed");
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw BadInput("--json " + path + ": cannot replace the file");
-  }
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < rows.size(); ++i) out << (i ? ",\n " : "\n ") << json_object(rows[i]);
+  out << "\n]\n";
+  write_file_atomically(path, out.str(), "--json " + path);
 }
 
 // Fails early, before hours of sweeping, if the JSON file could not be written at the end.
@@ -450,6 +440,8 @@ int cmd_compare(const CompareArgs& a) {
   const std::vector<const Rung*> selected = select_rungs(a.steps);
   ResultsCsv csv(a.csv);
   const Inputs base = obtain_inputs(o, p);
+  const double density = base.mask.density();
+  NpyWriteSet saved;  // every step's --save files, committed together at the end
 
   std::cout << "compare: " << shape_str(p) << "\n  inputs: "
             << (o.load.empty() ? std::string(o.inputs) + ", seed " + std::to_string(p.seed)
@@ -493,6 +485,12 @@ int cmd_compare(const CompareArgs& a) {
       rounded = base;
       round_inputs(rounded, ps.dtype);
       in = &rounded;
+      if (const std::string bad = non_finite_input(rounded); !bad.empty()) {
+        row.note =
+            "cannot run: the inputs are not finite once rounded to " + row.dtype + ": " + bad;
+        rows.push_back(row);
+        continue;
+      }
     }
     CheckedRun c;
     try {
@@ -516,7 +514,7 @@ int cmd_compare(const CompareArgs& a) {
       row.note = std::string("the run failed: ") + e.what();
     }
     if (!o.save.empty() && row.ran && !c.out.o.empty())  // a failed check's outputs too
-      save_outputs((fs::path(o.save) / s.name).string(), c.out, ps.backward, o.save_f64);
+      stage_outputs(saved, (fs::path(o.save) / s.name).string(), c.out, ps.backward, o.save_f64);
     rows.push_back(row);
   }
   progress.clear();
@@ -569,11 +567,11 @@ int cmd_compare(const CompareArgs& a) {
     no_device += row.no_device;
     if (timed) {
       prev = &row;
-      csv.add(make_row(*row.rung->step, row.p, false, row.r, prov));
+      csv.add(make_row(*row.rung->step, row.p, false, row.r, prov, density));
     }
     if (has_bwd) {
       prev_bwd = &row;
-      csv.add(make_row(*row.rung->step, row.p, true, row.r, prov));
+      csv.add(make_row(*row.rung->step, row.p, true, row.r, prov, density));
     }
   }
   std::cout << "\n";
@@ -584,8 +582,11 @@ int cmd_compare(const CompareArgs& a) {
                  "gradients, plus a floor); check covers O, LSE (and dQ, dK, dV).\nspeed-up: "
                  "the previous timed step's median time over this one's; a step that fails its "
                  "check gets no timing.\n";
-  if (!o.save.empty()) std::cout << "saved each step's outputs under " << o.save << "/NN_name/\n";
-  if (!csv.done().empty()) std::cout << csv.done() << "\n";
+  if (!o.save.empty()) {
+    saved.commit(output_names());  // all steps' folders, or none
+    std::cout << "saved each step's outputs under " << o.save << "/NN_name/\n";
+  }
+  if (const std::string w = csv.commit(); !w.empty()) std::cout << w << "\n";
   if (failed) return kExitCheckFailed;
   if (ran == 0) {
     std::cerr << "error: no step could run this problem (see the notes)\n";
@@ -657,6 +658,10 @@ int cmd_diff(const std::string& path_a, const std::string& path_b, bool have_tol
 struct BenchArgs {
   std::string preset = "quick";
   std::vector<std::string> steps, dtypes, directions;
+  std::vector<double> dropouts;         // empty: 0 only
+  std::vector<std::string> sparsities;  // "dense", "random:RHO", "local:W"; empty: dense only
+  std::string mask_block;
+  uint64_t dropout_seed = 0;
   std::vector<int64_t> seqlens, dims;
   std::vector<int> causal;
   int64_t tokens = 0, hidden = 0;
@@ -693,7 +698,8 @@ std::string point_str(const BenchPoint& pt) {
   std::ostringstream s;
   s << two_digits(pt.step->number) << " " << dtype_name(p.dtype) << " batch " << p.batch
     << " heads " << p.heads << " seq " << p.seq_q << " dim " << p.dim << (p.causal ? " causal" : "")
-    << (p.backward ? " bwd" : " fwd");
+    << (p.dropout > 0 ? " dropout " + fmt(p.dropout, 2) : "")
+    << (p.sparsity.active() ? " " + p.sparsity.describe() : "") << (p.backward ? " bwd" : " fwd");
   return s.str();
 }
 
@@ -711,6 +717,21 @@ int cmd_bench(BenchArgs a) {
   for (int64_t x : a.dims)
     if (x < 1) throw BadInput("--dims must be >= 1");
   if (a.tokens < 1 || a.hidden < 1) throw BadInput("--tokens and --hidden must be >= 1");
+  if (a.dropouts.empty()) a.dropouts = {0.0};
+  for (double x : a.dropouts)
+    if (!(x >= 0.0 && x < 1.0)) throw BadInput("--dropout values must be in [0, 1)");
+  if (a.sparsities.empty()) a.sparsities = {"dense"};
+  std::vector<BlockSparsity> sparsities;
+  for (const std::string& spec : a.sparsities) {
+    BlockSparsity b;
+    if (spec == "dense") {
+      if (!a.mask_block.empty()) parse_sparsity("local:1", "", a.mask_block, b);  // checks it
+      b = BlockSparsity{};
+    } else {
+      parse_sparsity(spec, "", a.mask_block, b);
+    }
+    sparsities.push_back(b);
+  }
   std::vector<DType> dtypes;
   for (const std::string& s : a.dtypes) {
     DType t;
@@ -758,44 +779,59 @@ int cmd_bench(BenchArgs a) {
   if (!fwd_only.empty() && want_fwd)
     notes.push_back("steps " + join(fwd_only) + " have no backward pass: forward only");
 
-  // The points, in the order that lets one set of inputs serve a (seq, dim) group: every
-  // dtype is rounded from the same float64 draw, and causal reuses the same inputs.
+  // The points, in the order that lets one set of inputs serve a (seq, dim, mask) group: every
+  // dtype is rounded from the same float64 draw, and causal and dropout reuse the same inputs.
+  // A point the step does not support, or whose problem is too big for the limits or this
+  // machine's memory, is skipped here, before any inputs are made.
   std::vector<BenchPoint> points;
   std::map<std::string, int> unsupported;  // reason -> points, said once
   size_t group = 0;
   for (int64_t seq : a.seqlens)
-    for (int64_t dim : a.dims) {
-      std::vector<DType> group_dtypes = dtypes;  // default: each step's own dtype
-      if (group_dtypes.empty())
-        for (const Step* s : steps)
-          if (std::find(group_dtypes.begin(), group_dtypes.end(), s->default_dtype()) ==
-              group_dtypes.end())
-            group_dtypes.push_back(s->default_dtype());
-      for (DType t : group_dtypes)
-        for (int causal : a.causal)
-          for (const Step* s : steps) {
-            if (dtypes.empty() && s->default_dtype() != t) continue;
-            if (s->device == Device::cpu && cap_cpu && seq > 1024) continue;
-            for (int bwd = 0; bwd < 2; ++bwd) {
-              if (!(bwd ? want_bwd : want_fwd) || (bwd && !s->caps.backward)) continue;
-              Problem p;
-              p.batch = std::max<int64_t>(1, a.tokens / seq);
-              p.heads = p.heads_kv = std::max<int64_t>(1, a.hidden / dim);
-              p.seq_q = p.seq_k = seq;
-              p.dim = dim;
-              p.causal = causal != 0;
-              p.dtype = t;
-              p.seed = a.seed;
-              p.backward = bwd != 0;
-              if (const std::string why = s->unsupported(p); !why.empty()) {
-                ++unsupported[why];
-                continue;
+    for (int64_t dim : a.dims)
+      for (const BlockSparsity& sparsity : sparsities) {
+        std::vector<DType> group_dtypes = dtypes;  // default: each step's own dtype
+        if (group_dtypes.empty())
+          for (const Step* s : steps)
+            if (std::find(group_dtypes.begin(), group_dtypes.end(), s->default_dtype()) ==
+                group_dtypes.end())
+              group_dtypes.push_back(s->default_dtype());
+        for (DType t : group_dtypes)
+          for (int causal : a.causal)
+            for (double dropout : a.dropouts)
+              for (const Step* s : steps) {
+                if (dtypes.empty() && s->default_dtype() != t) continue;
+                if (s->device == Device::cpu && cap_cpu && seq > 1024) continue;
+                for (int bwd = 0; bwd < 2; ++bwd) {
+                  if (!(bwd ? want_bwd : want_fwd) || (bwd && !s->caps.backward)) continue;
+                  Problem p;
+                  p.batch = std::max<int64_t>(1, a.tokens / seq);
+                  p.heads = p.heads_kv = std::max<int64_t>(1, a.hidden / dim);
+                  p.seq_q = p.seq_k = seq;
+                  p.dim = dim;
+                  p.causal = causal != 0;
+                  p.dtype = t;
+                  p.seed = a.seed;
+                  p.backward = bwd != 0;
+                  p.dropout = dropout;
+                  p.dropout_seed = a.dropout_seed;
+                  p.sparsity = sparsity;
+                  std::string why = p.validate();
+                  if (why.empty()) why = s->unsupported(p);
+                  if (why.empty()) {
+                    const double need = host_bytes_needed(*s, p, RunOptions{}, mode, false);
+                    if (need > 0.9 * available_host_bytes())
+                      why = "more host memory than this machine has (about " +
+                            fmt(need / double(1ull << 30), 1) + " GiB)";
+                  }
+                  if (!why.empty()) {
+                    ++unsupported[why];
+                    continue;
+                  }
+                  points.push_back({s, p, group});
+                }
               }
-              points.push_back({s, p, group});
-            }
-          }
-      ++group;
-    }
+        ++group;
+      }
   for (const auto& [why, n] : unsupported)
     notes.push_back("skipped: " + why + " (" + std::to_string(n) +
                     (n == 1 ? " point)" : " points)"));
@@ -881,7 +917,8 @@ int cmd_bench(BenchArgs a) {
       ++failed;
       continue;
     }
-    const ResultRow row = make_row(*pt.step, pt.p, pt.p.backward, c.result, prov);
+    const ResultRow row =
+        make_row(*pt.step, pt.p, pt.p.backward, c.result, prov, in.mask.density());
     csv.add(row);
     results.push_back(row);
     errs.push_back("-");
@@ -914,7 +951,7 @@ int cmd_bench(BenchArgs a) {
   std::cout << "\n"
             << results.size() << " points measured, " << skipped << " skipped, " << failed
             << " failed, in " << duration_str(progress.elapsed_s()) << "\n";
-  if (!csv.done().empty()) std::cout << csv.done() << "\n";
+  if (const std::string w = csv.commit(); !w.empty()) std::cout << w << "\n";
   if (!a.json.empty()) {
     write_json(a.json, sorted);
     std::cout << "wrote " << results.size() << " rows to " << a.json << "\n";
@@ -993,6 +1030,15 @@ int main_(int argc, char** argv) {
       ->required();
   CLI::Option* tol_opt =
       diff->add_option("--tol", tol, "exit 1 if max abs error > X or a non-finite value differs")
+          ->check(CLI::Validator(
+              [](std::string& v) -> std::string {
+                char* end = nullptr;
+                const double x = std::strtod(v.c_str(), &end);
+                if (v.empty() || *end != '\0' || !std::isfinite(x) || x < 0)
+                  return "--tol must be a finite number >= 0, got '" + v + "'";
+                return "";
+              },
+              "X"))
           ->type_name("X");
   diff->footer(
       "Exit status: 0 (a measurement, not a test) unless --tol is given; 1 outside --tol; 2 "
@@ -1018,9 +1064,32 @@ int main_(int argc, char** argv) {
       ->delimiter(',')
       ->group("Sweep");
   bench->add_option("--seqlens", ba.seqlens, "sequence lengths (seq_q = seq_k)")
+      ->check(strict_integer())
       ->delimiter(',')
       ->group("Sweep");
-  bench->add_option("--dims", ba.dims, "head dims")->delimiter(',')->group("Sweep");
+  bench->add_option("--dims", ba.dims, "head dims")
+      ->check(strict_integer())
+      ->delimiter(',')
+      ->group("Sweep");
+  bench
+      ->add_option("--dropout", ba.dropouts,
+                   "dropout rates to sweep, e.g. 0,0.1 (default 0; rungs without dropout skip "
+                   "p > 0)")
+      ->delimiter(',')
+      ->group("Sweep");
+  bench->add_option("--dropout-seed", ba.dropout_seed, "seed of the dropout mask")
+      ->capture_default_str()
+      ->group("Sweep");
+  bench
+      ->add_option("--block-sparsity", ba.sparsities,
+                   "block masks to sweep: dense, random:RHO (seeded by --seed), local:W; e.g. "
+                   "dense,random:0.25 (default dense)")
+      ->delimiter(',')
+      ->group("Sweep");
+  bench
+      ->add_option("--mask-block", ba.mask_block,
+                   "the masks' block Bm x Bn: N or NxM (default 128)")
+      ->group("Sweep");
   bench->add_option("--causal", ba.causal, "0, 1 or both")
       ->check(CLI::IsMember({0, 1}))
       ->delimiter(',')
@@ -1032,8 +1101,12 @@ int main_(int argc, char** argv) {
       ->check(CLI::IsMember({"fwd", "bwd"}))
       ->delimiter(',')
       ->group("Sweep");
-  bench->add_option("--tokens", ba.tokens, "batch * seq (default: the preset's)")->group("Sweep");
-  bench->add_option("--hidden", ba.hidden, "heads * dim (default: the preset's)")->group("Sweep");
+  bench->add_option("--tokens", ba.tokens, "batch * seq (default: the preset's)")
+      ->check(strict_integer())
+      ->group("Sweep");
+  bench->add_option("--hidden", ba.hidden, "heads * dim (default: the preset's)")
+      ->check(strict_integer())
+      ->group("Sweep");
   bench->add_option("--seed", ba.seed, "seed of the generated inputs")
       ->capture_default_str()
       ->group("Sweep");

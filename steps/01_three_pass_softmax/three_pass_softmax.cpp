@@ -18,6 +18,7 @@
 
 #include "exercise.hpp"
 #include "step.hpp"
+#include "steps.hpp"
 #include "timing.hpp"
 
 namespace ladder {
@@ -77,6 +78,9 @@ const Step& step_01() {
     s.device = Device::cpu;
     s.caps.dtypes = {DType::f32};
     s.caps.limits = "workspace: one row of S (seq_k floats)";
+    s.workspace = [](const Problem& p, const RunOptions&) {
+      return 4.0 * double(p.seq_k) + 4.0 * double(p.q_numel() + 2 * p.kv_numel());  // + fp32 copies
+    };
     s.variants = {
         {"safe", "subtract the row max before exp (exact for any finite logits)", true},
         {"unsafe", "no max shift: exp overflows to inf and P to NaN once a logit exceeds ~88",

@@ -1,6 +1,7 @@
 // Step 02 — online softmax (CPU, fp32).
 // Adds: online (m, l) with rescale exp(m_old - m_new); one-pass recurrence with unnormalised O; one
-// division at the end; tiled Br x Bc form (FlashAttention pseudocode).
+// division at the end; tiled Br x Bc form (FlashAttention pseudocode); block-sparse masks, skipped
+// a tile at a time; dropout regenerated from a counter-based generator, never stored.
 //
 // Where it sits: after 01's three passes over each row of S. The online softmax
 // (Milakov & Gimelshein, 2018) keeps a running max m and a running sum l and
@@ -13,6 +14,12 @@
 //   tiled:     the one-pass recurrence over Br x Bc blocks of S, in the names of the
 //              FlashAttention-2 pseudocode (Q_i, K_j, V_j, m_i, l_i, Tr, Tc): the GPU
 //              tiling of step 05, first seen on the CPU.
+// Block-sparse masks and dropout (notes/02_online_softmax.md, "Dropout and block-sparse masks"):
+// a hidden key is skipped like a causally masked one (the tiled form skips a whole tile whose
+// mask block is 0: nothing of it is loaded or computed); a dropped key still counts in l (the
+// softmax is of the undropped scores, and LSE with it) but adds nothing to O, and O is
+// divided by l (1 - p) once at the end. Z_ij is regenerated from (seed, b, h, i, j) wherever it
+// is needed (common/dropout.hpp), so no rung ever stores it.
 // What it adds over 01: one pass over keys; O(d) state per row instead of a row of S.
 // What the next step (03) does: the same math moved to the GPU, naively.
 #include <algorithm>
@@ -20,8 +27,11 @@
 #include <limits>
 #include <vector>
 
+#include "dropout.hpp"
+#include "error.hpp"
 #include "exercise.hpp"
 #include "step.hpp"
+#include "steps.hpp"
 #include "timing.hpp"
 
 namespace ladder {
@@ -35,9 +45,11 @@ float dot(const float* a, const float* b, int64_t d) {
   return s;
 }
 
-// Writes row `row` of O (already divided by l) and its LSE; l == 0 means no visible key.
-void finish_row(Outputs& out, int64_t row, int64_t d, const float* o, float m, float l) {
-  const float inv_l = l > 0 ? 1.f / l : 0.f;
+// Writes row `row` of O (divided by l, and by 1 - p under dropout) and its LSE; l == 0 means
+// no visible key.
+void finish_row(Outputs& out, int64_t row, int64_t d, const float* o, float m, float l,
+                float keep_scale) {
+  const float inv_l = l > 0 ? keep_scale / l : 0.f;
   for (int64_t c = 0; c < d; ++c) out.o.data[size_t(row * d + c)] = o[c] * inv_l;
   out.lse.data[size_t(row)] =
       l > 0 ? double(m + std::log(l)) : -std::numeric_limits<double>::infinity();
@@ -46,6 +58,13 @@ void finish_row(Outputs& out, int64_t row, int64_t d, const float* o, float m, f
 struct Views {  // the float32 copies of the inputs, and per-head pointers into them
   const Problem& p;
   const std::vector<float>&Q, &K, &V;
+  const BlockMask& mask;
+  // Dropout: 1 / (1 - p) (1 without dropout), and Z of key j for row i of head (b, h).
+  float keep_scale() const { return p.dropout > 0 ? float(1.0 / (1.0 - p.dropout)) : 1.f; }
+  bool kept(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    return p.dropout == 0 ||
+           dropout::keep(p.dropout_seed, dropout::threshold(p.dropout), b, h, i, j);
+  }
   const float* q(int64_t b, int64_t h, int64_t i) const {
     return &Q[size_t(((b * p.heads + h) * p.seq_q + i) * p.dim)];
   }
@@ -68,6 +87,7 @@ void two_pass(const Views& x, Outputs& out) {
         const int64_t n = p.visible_keys(i);
         float m = kNegInf, l = 0;
         for (int64_t j = 0; j < n; ++j) {  // pass 1: running max and rescaled sum
+          if (!x.mask.visible(b, h, i, j)) continue;
           const float s = scale * dot(x.q(b, h, i), x.k(b, h, j), p.dim);
           const float m_new = std::max(m, s);
           l = l * std::exp(m - m_new) + std::exp(s - m_new);
@@ -75,11 +95,12 @@ void two_pass(const Views& x, Outputs& out) {
         }
         std::fill(o.begin(), o.end(), 0.f);
         for (int64_t j = 0; j < n; ++j) {  // pass 2: P_ij = exp(S_ij - m) (divided by l at the end)
+          if (!x.mask.visible(b, h, i, j) || !x.kept(b, h, i, j)) continue;
           const float pij = std::exp(scale * dot(x.q(b, h, i), x.k(b, h, j), p.dim) - m);
           const float* vj = x.v(b, h, j);
           for (int64_t c = 0; c < p.dim; ++c) o[size_t(c)] += pij * vj[c];
         }
-        finish_row(out, (b * p.heads + h) * p.seq_q + i, p.dim, o.data(), m, l);
+        finish_row(out, (b * p.heads + h) * p.seq_q + i, p.dim, o.data(), m, l, x.keep_scale());
       }
 }
 
@@ -87,7 +108,7 @@ void two_pass(const Views& x, Outputs& out) {
 void one_pass(const Views& x, Outputs& out) {
   const Problem& p = x.p;
   const float scale = float(p.softmax_scale());
-  std::vector<float> o(static_cast<size_t>(p.dim));
+  std::vector<float> o(static_cast<size_t>(p.dim)), zero(static_cast<size_t>(p.dim), 0.f);
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < p.heads; ++h)
       for (int64_t i = 0; i < p.seq_q; ++i) {
@@ -95,8 +116,10 @@ void one_pass(const Views& x, Outputs& out) {
         float m = kNegInf, l = 0;
         std::fill(o.begin(), o.end(), 0.f);
         for (int64_t j = 0; j < n; ++j) {
+          if (!x.mask.visible(b, h, i, j)) continue;
           const float s = scale * dot(x.q(b, h, i), x.k(b, h, j), p.dim);
-          const float* vj = x.v(b, h, j);
+          // A dropped key (Z = 0) still counts in l; its V row adds nothing to O.
+          const float* vj = x.kept(b, h, i, j) ? x.v(b, h, j) : zero.data();
           // EXERCISE BEGIN online-update
           // Fold key j (logit s, value row vj) into the running state m, l, o: take the new
           // max, rescale what was accumulated under the old max by exp(m - m_new), add this
@@ -109,7 +132,7 @@ void one_pass(const Views& x, Outputs& out) {
           m = m_new;
           // EXERCISE END
         }
-        finish_row(out, (b * p.heads + h) * p.seq_q + i, p.dim, o.data(), m, l);
+        finish_row(out, (b * p.heads + h) * p.seq_q + i, p.dim, o.data(), m, l, x.keep_scale());
       }
 }
 
@@ -136,6 +159,9 @@ void tiled(const Views& x, Outputs& out, int64_t Br, int64_t Bc) {
         const int64_t tc_end = std::min(Tc, (n_vis + Bc - 1) / Bc);
         for (int64_t tj = 0; tj < tc_end; ++tj) {
           const int64_t j0 = tj * Bc, cols = std::min(Bc, N - j0);
+          // A tile whose mask block is 0 is skipped whole: Br and Bc divide the mask block,
+          // so one tile lies in one block.
+          if (!x.mask.visible(b, h, i0, j0)) continue;
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t n = p.visible_keys(i0 + r);  // mask inside the tile
             float row_max = kNegInf;
@@ -154,6 +180,7 @@ void tiled(const Views& x, Outputs& out, int64_t Br, int64_t Bc) {
             for (int64_t c = 0; c < cols; ++c) {
               const float pij = std::exp(S[size_t(r * Bc + c)] - m_new);
               row_sum += pij;
+              if (!x.kept(b, h, i0 + r, j0 + c)) continue;  // dropped: in l, not in O
               const float* vj = x.v(b, h, j0 + c);
               for (int64_t e = 0; e < d; ++e) o[e] += pij * vj[e];
             }
@@ -163,7 +190,7 @@ void tiled(const Views& x, Outputs& out, int64_t Br, int64_t Bc) {
         }
         for (int64_t r = 0; r < rows; ++r)
           finish_row(out, (b * p.heads + h) * M + i0 + r, d, &O[size_t(r * d)], m[size_t(r)],
-                     l[size_t(r)]);
+                     l[size_t(r)], x.keep_scale());
       }
 }
 
@@ -178,23 +205,50 @@ const Step& step_02() {
         "online softmax: 2-pass (m, l fused), then the one-pass recurrence (running m, l, O; one "
         "divide)";
     s.adds = {"online (m, l) with rescale exp(m_old - m_new)",
-              "one-pass recurrence with unnormalised O", "one division at the end",
-              "tiled Br x Bc form (FlashAttention pseudocode)"};
+              "one-pass recurrence with unnormalised O",
+              "one division at the end",
+              "tiled Br x Bc form (FlashAttention pseudocode)",
+              "block-sparse masks, skipped a tile at a time",
+              "dropout regenerated from a counter-based generator, never stored"};
     s.device = Device::cpu;
     s.caps.dtypes = {DType::f32};
-    s.caps.limits = "tiled variant: Br, Bc from --tile-q/--tile-k (default 64 x 64)";
+    s.caps.dropout = true, s.caps.block_sparse = true;
+    s.caps.limits =
+        "tiled variant: Br, Bc from --tile-q/--tile-k in [1, seq_q] and [1, seq_k] (default 64, "
+        "or the sequence when shorter); with a block mask they must divide its block";
     s.variants = {{"one-pass", "the attention recurrence: running m, l and unnormalised O", true},
                   {"two-pass", "online (m, l) in pass 1, O in pass 2", true},
                   {"tiled", "the one-pass recurrence over Br x Bc tiles of S", true}};
+    s.tiles = [](const Problem& p, const RunOptions& o, const DeviceInfo&) {
+      if (o.variant != "tiled") {
+        if (o.tile_q != 0 || o.tile_k != 0)
+          throw BadInput("--tile-q and --tile-k apply to step 02's tiled variant only");
+        return Tiles{};
+      }
+      auto pick = [](int asked, int64_t seq, const char* flag, const char* len) {
+        if (asked == 0) return int(std::min<int64_t>(64, seq));
+        if (asked > seq)
+          throw BadInput(std::string(flag) + " must be in [1, " + len + " = " +
+                         std::to_string(seq) + "], got " + std::to_string(asked));
+        return asked;
+      };
+      return Tiles{pick(o.tile_q, p.seq_q, "--tile-q", "seq_q"),
+                   pick(o.tile_k, p.seq_k, "--tile-k", "seq_k")};
+    };
+    s.workspace = [](const Problem& p, const RunOptions& o) {
+      const double br = o.tile_q ? o.tile_q : 64, bc = o.tile_k ? o.tile_k : 64;
+      const double tiles = o.variant == "tiled" ? br * bc + br * double(p.dim) : 0.0;
+      return 4.0 * (tiles + double(p.dim) * 2 + double(p.q_numel() + 2 * p.kv_numel()));
+    };
     s.run = [](const Problem& p, const Inputs& in, Outputs& out, const RunOptions& opt) {
       const std::vector<float> Q = to_float(in.q), K = to_float(in.k), V = to_float(in.v);
-      const Views x{p, Q, K, V};
-      const int64_t Br = opt.tile_q > 0 ? opt.tile_q : 64, Bc = opt.tile_k > 0 ? opt.tile_k : 64;
+      const Views x{p, Q, K, V, in.mask};
       RunResult r;
       if (opt.variant == "two-pass") {
         r.fwd_ms = time_cpu_ms([&] { two_pass(x, out); }, opt.repeats, opt.warmup);
         r.workspace_bytes = double(p.dim) * 4;
       } else if (opt.variant == "tiled") {
+        const int64_t Br = opt.tile_q, Bc = opt.tile_k;
         r.fwd_ms = time_cpu_ms([&] { tiled(x, out, Br, Bc); }, opt.repeats, opt.warmup);
         r.workspace_bytes = double(Br * Bc + Br * p.dim + 2 * Br) * 4;
         r.config = "Br=" + std::to_string(Br) + " Bc=" + std::to_string(Bc);

@@ -2,7 +2,8 @@
 // Adds: CUDA kernels, one thread per output element; one batched matmul kernel for every
 // product (strides, transposes, GQA); S and P materialised in global memory (B*H*M*N floats
 // each); a softmax kernel: a warp per row, three passes, LSE; backward: D = rowsum(dO o O), dP,
-// dS = P o (dP - D), dQ, dK, dV.
+// dS = P o (dP - D), dQ, dK, dV; block masks and dropout applied element by element to the
+// materialised S and P.
 //
 // Where it sits: the first GPU rung, the port of step 01 that a first CUDA implementation
 // writes (and what a framework's "math" attention does): attention is just GEMM, softmax, GEMM,
@@ -20,6 +21,12 @@
 // the softmax kernel reads only the visible S_ij: masked keys count as S_ij = -inf, P_ij = 0.
 // GQA: query head h reads K/V head h / group; dK and dV of a K/V head sum the products of its
 // group's query heads inside one thread's loop (no atomics).
+// Block masks and dropout, the naive way: the softmax kernel looks up every S_ij's mask
+// block (a hidden key is one more masked key: P_ij = 0); with dropout a kernel writes
+// Pd = P o Z / (1 - p) into S's buffer (S is dead by then), O = Pd V, and the backward
+// regenerates Z_ij per element (common/dropout.hpp): dV = Pd^T dO first, then
+// dP = (dO V^T) o Z / (1 - p) over Pd. Nothing is skipped: every masked block is still computed
+// and thrown away, the cost this step's memory lesson is about.
 // What it costs: S and P are B*H*M*N floats each, 32 GiB at B=1, H=16, M=N=16384, and every
 // element crosses HBM four times (S written, read; P written, read): see
 // notes/03_naive_cuda.md. What the next step (04) fixes: one fused kernel with step 02's
@@ -29,9 +36,10 @@
 #include <string>
 #include <vector>
 
-#include "cuda_util.cuh"
+#include "dropout.hpp"
 #include "exercise.hpp"
-#include "step.hpp"
+#include "gpu_run.cuh"
+#include "steps.hpp"
 
 namespace ladder {
 namespace {
@@ -39,15 +47,36 @@ namespace {
 constexpr int kThreads = 256;  // per block, every kernel here
 constexpr int kWarp = 32;
 
-// The problem's shape as the kernels see it (Problem itself is host-only).
+// The problem's shape and masks as the kernels see them (Problem itself is host-only).
 struct Shape {
   int64_t batch, heads, heads_kv, seq_q, seq_k, dim;
   bool causal;
+  // Block mask (null: dense): [mask_batch, mask_heads, q_blocks, k_blocks] bytes, 1 = kept.
+  const uint8_t* mask;
+  int64_t mask_batch, mask_heads, q_blocks, k_blocks, block_q, block_k;
+  // Dropout (drop = false: none): Z_ij from common/dropout.hpp, kept values scaled by keep_scale.
+  bool drop;
+  uint64_t seed;
+  uint32_t thresh;
+  float keep_scale;
   // Bottom-right causal mask: query i sees keys 0 .. i + N - M (clamped to [0, N]).
   __device__ int64_t visible_keys(int64_t i) const {
     if (!causal) return seq_k;
     const int64_t last = i + seq_k - seq_q;
     return last < 0 ? 0 : (last + 1 < seq_k ? last + 1 : seq_k);
+  }
+  // Whether the block mask keeps key j for query i of row `row` = (b * heads + h) * M + i.
+  __device__ bool kept_block(int64_t row, int64_t j) const {
+    if (!mask) return true;
+    const int64_t i = row % seq_q, bh = row / seq_q, b = bh / heads, h = bh % heads;
+    const int64_t mb = mask_batch == 1 ? 0 : b, mh = mask_heads == 1 ? 0 : h;
+    return mask[((mb * mask_heads + mh) * q_blocks + i / block_q) * k_blocks + j / block_k] != 0;
+  }
+  // Z_ij / (1 - p) for element (row, j): 0 or keep_scale (1 without dropout).
+  __device__ float dropout_factor(int64_t row, int64_t j) const {
+    if (!drop) return 1.f;
+    const int64_t i = row % seq_q, bh = row / seq_q;
+    return dropout::keep(seed, thresh, bh / heads, bh % heads, i, j) ? keep_scale : 0.f;
   }
 };
 
@@ -119,21 +148,24 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t N = s.seq_k, n = s.visible_keys(row % s.seq_q);
   const float* Si = S + row * N;
   float* Pi = P + row * N;
+  // A key the block mask hides reads as S_ij = -inf, like a causally masked one.
+  auto score = [&](int64_t j) { return s.kept_block(row, j) ? Si[j] : -INFINITY; };
   float m = -INFINITY, l = 0.f;
   // EXERCISE BEGIN softmax-row
   // Step 01's three passes, the row shared by the warp's 32 lanes (lane, lane + 32, ...):
-  // pass 1 the max of the n visible S_ij into m (combine lanes with warp_max), pass 2 the sum
-  // of exp(S_ij - m) into l (warp_sum), pass 3 write P_ij = exp(S_ij - m) / l for j < n and 0
-  // for the masked keys j in [n, N).
-  for (int64_t j = lane; j < n; j += kWarp) m = fmaxf(m, Si[j]);  // pass 1: the row max
+  // pass 1 the max of the n visible scores score(j) into m (combine lanes with warp_max),
+  // pass 2 the sum of exp(score(j) - m) into l (warp_sum), pass 3 write
+  // P_ij = exp(score(j) - m) / l for j < n and 0 for the masked keys j in [n, N).
+  for (int64_t j = lane; j < n; j += kWarp) m = fmaxf(m, score(j));  // pass 1: the row max
   m = warp_max(m);
-  // pass 2: l_i = sum_j exp(S_ij - m_i); n >= 1 makes m finite and l >= 1
-  for (int64_t j = lane; j < n; j += kWarp) l += expf(Si[j] - m);
+  // pass 2: l_i = sum_j exp(S_ij - m_i); m = -inf when nothing is visible: l stays 0
+  if (m != -INFINITY)
+    for (int64_t j = lane; j < n; j += kWarp) l += expf(score(j) - m);
   l = warp_sum(l);
   for (int64_t j = lane; j < N; j += kWarp)  // pass 3: normalise (masked keys: P_ij = 0)
-    Pi[j] = j < n ? expf(Si[j] - m) / l : 0.f;
+    Pi[j] = j < n && l > 0.f ? expf(score(j) - m) / l : 0.f;
   // EXERCISE END
-  if (lane == 0) lse[row] = n > 0 ? m + logf(l) : -INFINITY;
+  if (lane == 0) lse[row] = l > 0.f ? m + logf(l) : -INFINITY;
 }
 
 // D_i = dO_i . O_i, the backward's pre-pass: one thread per row, summed left to right in the
@@ -150,14 +182,24 @@ __global__ void __launch_bounds__(kThreads)
   D[row] = acc;
 }
 
-// dS_ij = P_ij (dP_ij - D_i), in place over dP (each element read, then written, by one thread).
-// Masked keys have P_ij = 0, so dS_ij = 0 there without looking at the mask.
+// Pd = P o Z / (1 - p): dropout applied to the materialised P (into another buffer: the
+// backward needs both).
 __global__ void __launch_bounds__(kThreads)
-    ds_from_dp(const float* __restrict__ P, const float* __restrict__ D, float* dP_dS,
-               int64_t n_elems, int64_t N) {
+    apply_dropout(const float* __restrict__ P, float* __restrict__ Pd, int64_t n_elems, Shape s) {
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_elems) return;
-  dP_dS[idx] = P[idx] * (dP_dS[idx] - D[idx / N]);
+  Pd[idx] = P[idx] * s.dropout_factor(idx / s.seq_k, idx % s.seq_k);
+}
+
+// dS_ij = P_ij (dP_ij Z_ij / (1 - p) - D_i), in place over dP (each element read, then written,
+// by one thread). Masked keys have P_ij = 0, so dS_ij = 0 there without looking at the mask.
+__global__ void __launch_bounds__(kThreads)
+    ds_from_dp(const float* __restrict__ P, const float* __restrict__ D, float* dP_dS,
+               int64_t n_elems, Shape s) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n_elems) return;
+  const int64_t row = idx / s.seq_k;
+  dP_dS[idx] = P[idx] * (dP_dS[idx] * s.dropout_factor(row, idx % s.seq_k) - D[row]);
 }
 
 unsigned blocks_for(int64_t threads) {
@@ -172,77 +214,84 @@ void matmul(const Operand& A, const Operand& B, float* C, int64_t batch, int64_t
   CUDA_CHECK_LAUNCH();
 }
 
+// Workspace: S and P (B*H*M*N floats each; the backward puts dP, then dS, in S's buffer), the
+// block mask's bytes, and the backward's D (B*H*M floats).
+double workspace_bytes(const Problem& p) {
+  const double mn = double(p.rows()) * double(p.seq_k);
+  return 4.0 * (2.0 * mn + (p.backward ? double(p.rows()) : 0.0)) +
+         (p.sparsity.active() ? double(p.batch * p.heads * p.q_blocks() * p.k_blocks()) : 0.0);
+}
+
 RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions& opt) {
-  const cudaDeviceProp prop = require_device();
-  if (p.dtype != DType::f32)
-    throw BadInput(std::string("step 03_naive_cuda supports --dtype fp32 only, got ") +
-                   dtype_name(p.dtype));
-  const Shape s{p.batch, p.heads, p.heads_kv, p.seq_q, p.seq_k, p.dim, p.causal};
   const int64_t B = p.batch, H = p.heads, Hkv = p.heads_kv, M = p.seq_q, N = p.seq_k, d = p.dim;
   const int64_t group = p.group(), rows = p.rows(), mn = rows * N;  // mn: elements of S (and P)
   const float scale = float(p.softmax_scale());
+  GpuRun<float> g(p, in, opt);
+  DeviceBuffer<float> S{size_t(mn)}, P{size_t(mn)};  // the workspace this step is about
+  DeviceBuffer<uint8_t> mask{in.mask.keep.size()};
+  if (!in.mask.empty()) mask.upload(in.mask.keep);
+  const BlockMask& bm = in.mask;
+  const bool drop = p.dropout > 0;
+  const Shape s{B,
+                H,
+                Hkv,
+                M,
+                N,
+                d,
+                p.causal,
+                bm.empty() ? nullptr : mask.get(),
+                bm.batch,
+                bm.heads,
+                bm.q_blocks,
+                bm.k_blocks,
+                bm.block_q,
+                bm.block_k,
+                drop,
+                p.dropout_seed,
+                dropout::threshold(p.dropout),
+                float(1.0 / (1.0 - p.dropout))};
+  // With dropout, Pd = P o Z / (1 - p) lives in S's buffer (S is dead once P exists).
+  float* Pd = drop ? S.get() : P.get();
 
-  // Workspace: S and P (B*H*M*N floats each); the backward puts dP, then dS, in S's buffer
-  // (S is dead once P exists) and adds D (B*H*M floats). Checked before anything is allocated.
-  const double ws_bytes = 4.0 * (2.0 * double(mn) + (p.backward ? double(rows) : 0.0));
-  const double io_bytes = 4.0 * ((p.backward ? 4.0 : 2.0) * double(p.q_numel()) +
-                                 (p.backward ? 4.0 : 2.0) * double(p.kv_numel()) + double(rows));
-  const double flush_bytes = 2.0 * double(prop.l2CacheSize);  // time_gpu_ms's L2 flusher
-  require_free_memory(ws_bytes + io_bytes + flush_bytes,
-                      "step 03_naive_cuda (workspace S and P: 2 x " + std::to_string(mn) +
-                          " floats = " + std::to_string(int64_t(ws_bytes)) +
-                          " bytes, plus inputs, outputs and the L2 flush buffer)");
-
-  DeviceBuffer<float> Q{size_t(p.q_numel())}, K{size_t(p.kv_numel())}, V{size_t(p.kv_numel())};
-  Q.upload(to_float(in.q)), K.upload(to_float(in.k)), V.upload(to_float(in.v));
-  DeviceBuffer<float> O{size_t(p.q_numel())}, LSE{size_t(rows)};
-  DeviceBuffer<float> S{size_t(mn)}, P{size_t(mn)};
-  O.poison(), LSE.poison();
-
-  RunResult r;
-  r.fwd_ms = time_gpu_ms(
-      [&] {
-        matmul(per_query_head(Q.get(), s, M, d), transposed(per_kv_head(K.get(), s, N, d)), S.get(),
-               B, H, M, N, d, 1, scale);  // S = scale Q K^T
-        softmax_rows<<<blocks_for(rows * kWarp), kThreads>>>(S.get(), P.get(), LSE.get(), s);
-        CUDA_CHECK_LAUNCH();
-        matmul(per_query_head(P.get(), s, M, N), per_kv_head(V.get(), s, N, d), O.get(), B, H, M, d,
-               N, 1, 1.f);  // O = P V
-      },
-      opt.repeats, opt.warmup);
-  to_tensor(O.download(), out.o);
-  to_tensor(LSE.download(), out.lse);
-  r.workspace_bytes = ws_bytes;
-  r.config = "matmul: 1 output/thread, " + std::to_string(kThreads) +
-             " threads/block; softmax: 1 warp/row";
+  g.forward([&] {
+    matmul(per_query_head(g.q.get(), s, M, d), transposed(per_kv_head(g.k.get(), s, N, d)), S.get(),
+           B, H, M, N, d, 1, scale);  // S = scale Q K^T
+    softmax_rows<<<blocks_for(rows * kWarp), kThreads>>>(S.get(), P.get(), g.lse.get(), s);
+    CUDA_CHECK_LAUNCH();
+    if (drop) {
+      apply_dropout<<<blocks_for(mn), kThreads>>>(P.get(), Pd, mn, s);
+      CUDA_CHECK_LAUNCH();
+    }
+    matmul(per_query_head(Pd, s, M, N), per_kv_head(g.v.get(), s, N, d), g.o.get(), B, H, M, d, N,
+           1, 1.f);  // O = Pd V
+  });
+  g.result.workspace_bytes = workspace_bytes(p);
+  g.result.config = "matmul: 1 output/thread, " + std::to_string(kThreads) +
+                    " threads/block; softmax: 1 warp/row";
 
   if (p.backward) {
-    DeviceBuffer<float> dO{size_t(p.q_numel())}, D{size_t(rows)};
-    dO.upload(to_float(in.dout));
-    DeviceBuffer<float> dQ{size_t(p.q_numel())}, dK{size_t(p.kv_numel())}, dV{size_t(p.kv_numel())};
-    dQ.poison(), dK.poison(), dV.poison();
-    float* dS = S.get();  // dP, then dS, live where S was
-    r.bwd_ms = time_gpu_ms(
-        [&] {
-          row_dot<<<blocks_for(rows), kThreads>>>(dO.get(), O.get(), D.get(), rows, d);
-          CUDA_CHECK_LAUNCH();
-          matmul(per_query_head(dO.get(), s, M, d), transposed(per_kv_head(V.get(), s, N, d)), dS,
-                 B, H, M, N, d, 1, 1.f);  // dP = dO V^T
-          ds_from_dp<<<blocks_for(mn), kThreads>>>(P.get(), D.get(), dS, mn, N);
-          CUDA_CHECK_LAUNCH();
-          matmul(per_query_head(dS, s, M, N), per_kv_head(K.get(), s, N, d), dQ.get(), B, H, M, d,
-                 N, 1, scale);  // dQ = scale dS K
-          matmul(transposed(per_query_head(dS, s, M, N)), per_query_head(Q.get(), s, M, d),
-                 dK.get(), B, Hkv, N, d, M, group, scale);  // dK = scale dS^T Q, summed over group
-          matmul(transposed(per_query_head(P.get(), s, M, N)), per_query_head(dO.get(), s, M, d),
-                 dV.get(), B, Hkv, N, d, M, group, 1.f);  // dV = P^T dO, summed over group
-        },
-        opt.repeats, opt.warmup);
-    to_tensor(dQ.download(), out.dq);
-    to_tensor(dK.download(), out.dk);
-    to_tensor(dV.download(), out.dv);
+    DeviceBuffer<float> D{size_t(rows)};
+    float* dS = S.get();  // dP, then dS, live where S (or Pd) was
+    g.backward([&] {
+      row_dot<<<blocks_for(rows), kThreads>>>(g.dout.get(), g.o.get(), D.get(), rows, d);
+      CUDA_CHECK_LAUNCH();
+      if (drop) {  // Pd again: the previous repetition left dS in its buffer
+        apply_dropout<<<blocks_for(mn), kThreads>>>(P.get(), Pd, mn, s);
+        CUDA_CHECK_LAUNCH();
+      }
+      matmul(transposed(per_query_head(Pd, s, M, N)), per_query_head(g.dout.get(), s, M, d),
+             g.dv.get(), B, Hkv, N, d, M, group, 1.f);  // dV = Pd^T dO, summed over the group
+      matmul(per_query_head(g.dout.get(), s, M, d), transposed(per_kv_head(g.v.get(), s, N, d)), dS,
+             B, H, M, N, d, 1, 1.f);  // dP = dO V^T (over Pd: dV has used it)
+      ds_from_dp<<<blocks_for(mn), kThreads>>>(P.get(), D.get(), dS, mn, s);
+      CUDA_CHECK_LAUNCH();
+      matmul(per_query_head(dS, s, M, N), per_kv_head(g.k.get(), s, N, d), g.dq.get(), B, H, M, d,
+             N, 1, scale);  // dQ = scale dS K
+      matmul(transposed(per_query_head(dS, s, M, N)), per_query_head(g.q.get(), s, M, d),
+             g.dk.get(), B, Hkv, N, d, M, group, scale);  // dK = scale dS^T Q, summed over group
+    });
   }
-  return r;
+  return g.finish(out);
 }
 
 }  // namespace
@@ -259,14 +308,18 @@ const Step& step_03() {
               "one batched matmul kernel for every product (strides, transposes, GQA)",
               "S and P materialised in global memory (B*H*M*N floats each)",
               "a softmax kernel: a warp per row, three passes, LSE",
-              "backward: D = rowsum(dO o O), dP, dS = P o (dP - D), dQ, dK, dV"};
+              "backward: D = rowsum(dO o O), dP, dS = P o (dP - D), dQ, dK, dV",
+              "block masks and dropout applied element by element to the materialised S and P"};
     s.device = Device::cuda;
     s.caps.dtypes = {DType::f32};
     s.caps.causal = true, s.caps.gqa = true, s.caps.backward = true;
+    s.caps.dropout = true, s.caps.block_sparse = true;
     s.caps.limits =
         "workspace 2 x batch*heads*seq_q*seq_k floats (S and P; the backward reuses S's buffer "
-        "for dP and dS), refused (exit 2) when it would not fit in free device memory";
+        "for dP and dS), refused (exit 2) when it would not fit in free device memory; "
+        "masked blocks are computed and then thrown away";
     s.variants = {{"naive", "GEMM, softmax, GEMM: one kernel each, S and P in global memory"}};
+    s.workspace = [](const Problem& p, const RunOptions&) { return workspace_bytes(p); };
     s.run = run;
     return s;
   }();

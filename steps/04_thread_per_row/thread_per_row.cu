@@ -25,9 +25,9 @@
 #include <cmath>
 #include <string>
 
-#include "cuda_util.cuh"
 #include "exercise.hpp"
-#include "step.hpp"
+#include "gpu_run.cuh"
+#include "steps.hpp"
 
 namespace ladder {
 namespace {
@@ -114,8 +114,6 @@ __global__ void __launch_bounds__(kThreads)
   lse[row] = l > 0.f ? m + logf(l) : -INFINITY;
 }
 
-constexpr int kDims[] = {16, 32, 64, 96, 128, 256};  // one instantiation each
-
 template <int D>
 void launch(dim3 grid, const float* Q, const float* K, const float* V, float* O, float* lse,
             const Shape& s) {
@@ -124,40 +122,13 @@ void launch(dim3 grid, const float* Q, const float* K, const float* V, float* O,
 }
 
 RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions& opt) {
-  const cudaDeviceProp prop = require_device();
-  if (p.dtype != DType::f32)
-    throw BadInput(std::string("step 04_thread_per_row supports --dtype fp32 only, got ") +
-                   dtype_name(p.dtype));
-  bool dim_ok = false;
-  std::string dims;
-  for (int d : kDims) {
-    dim_ok = dim_ok || p.dim == d;
-    dims += " " + std::to_string(d);
-  }
-  if (!dim_ok)
-    throw BadInput("step 04_thread_per_row supports --dim" + dims +
-                   " (q_i and O_i live in registers sized at compile time), got " +
-                   std::to_string(p.dim));
-  if (p.heads > 65535 || p.batch > 65535)  // grid.y and grid.z limits
-    throw BadInput("step 04_thread_per_row supports --heads and --batch up to 65535, got " +
-                   std::to_string(p.heads) + " and " + std::to_string(p.batch));
-  if (p.backward) throw BadInput("step 04_thread_per_row has no backward pass (forward only)");
-  // Inputs and outputs only (no workspace), plus time_gpu_ms's L2 flush buffer.
-  require_free_memory(4.0 * (2.0 * double(p.q_numel() + p.kv_numel()) + double(p.rows())) +
-                          2.0 * double(prop.l2CacheSize),
-                      "step 04_thread_per_row (Q, K, V, O and LSE in fp32)");
-
-  DeviceBuffer<float> Q{size_t(p.q_numel())}, K{size_t(p.kv_numel())}, V{size_t(p.kv_numel())};
-  Q.upload(to_float(in.q)), K.upload(to_float(in.k)), V.upload(to_float(in.v));
-  DeviceBuffer<float> O{size_t(p.q_numel())}, LSE{size_t(p.rows())};
-  O.poison(), LSE.poison();
-
+  GpuRun<float> g(p, in, opt);
   const Shape s{p.heads, p.heads_kv, p.seq_q, p.seq_k, p.causal, float(p.softmax_scale())};
   const dim3 grid(unsigned((p.seq_q + kThreads - 1) / kThreads), unsigned(p.heads),
                   unsigned(p.batch));
-  auto forward = [&] {
-    const float *q = Q.get(), *k = K.get(), *v = V.get();
-    float *o = O.get(), *l = LSE.get();
+  const float *q = g.q.get(), *k = g.k.get(), *v = g.v.get();
+  float *o = g.o.get(), *l = g.lse.get();
+  g.forward([&] {  // one instantiation per head dim the descriptor lists
     switch (p.dim) {
       case 16:
         return launch<16>(grid, q, k, v, o, l, s);
@@ -172,15 +143,11 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
       default:
         return launch<256>(grid, q, k, v, o, l, s);
     }
-  };
-  RunResult r;
-  r.fwd_ms = time_gpu_ms(forward, opt.repeats, opt.warmup);
-  to_tensor(O.download(), out.o);
-  to_tensor(LSE.download(), out.lse);
-  r.workspace_bytes = 0;  // m_i, l_i, q_i and O_i live in registers
-  r.config =
+  });
+  g.result.workspace_bytes = 0;  // m_i, l_i, q_i and O_i live in registers
+  g.result.config =
       "threads=" + std::to_string(kThreads) + " (1 query row each) d=" + std::to_string(p.dim);
-  return r;
+  return g.finish(out);
 }
 
 }  // namespace
@@ -201,6 +168,7 @@ const Step& step_04() {
     s.caps.dtypes = {DType::f32};
     s.caps.head_dims = {16, 32, 64, 96, 128, 256};
     s.caps.causal = true, s.caps.gqa = true, s.caps.backward = false;
+    s.caps.max_batch = s.caps.max_heads = 65535;  // grid.z and grid.y
     s.caps.limits =
         "no workspace: q_i, O_i, m_i, l_i live in registers (d = 256 spills to local memory)";
     s.variants = {

@@ -1,13 +1,15 @@
 // The tensor-core vocabulary of step 06, shared by its forward and backward kernels:
 // mma.sync m16n8k16, ldmatrix, cp.async, ex2, and the XOR-swizzled shared-memory layout.
 //
+// clang-format off
 // Fragment layouts of mma.sync.m16n8k16 (PTX ISA, "Matrix fragments for mma.m16n8k16").
 // A warp's lane l is split as g = l / 4 (groupID, 0..7) and t = l % 4 (thread in group):
 //   A (16x16, row-major), 4 x .b32, each two consecutive 16-bit elements (lower column low):
-//     a[0] = A[g][2t, 2t+1]  a[1] = A[g+8][2t, 2t+1]  a[2] = A[g][2t+8, +9]  a[3] = A[g+8][2t+8,
-//     +9]
+//     a[0] = A[g][2t, 2t+1]      a[1] = A[g+8][2t, 2t+1]
+//     a[2] = A[g][2t+8, 2t+9]    a[3] = A[g+8][2t+8, 2t+9]
 //   B (16x8, "col"), 2 x .b32:   b[0] = B[2t, 2t+1][g]   b[1] = B[2t+8, 2t+9][g]
 //   C/D (16x8, fp32), 4 floats:  c[0], c[1] = C[g][2t, 2t+1]   c[2], c[3] = C[g+8][2t, 2t+1]
+// clang-format on
 // ldmatrix.x4 loads four 8x8 matrices of 16-bit elements: lanes 8m..8m+7 give the addresses of
 // the 8 rows of matrix m (16 bytes each), and register m of lane l receives row l/4, columns
 // 2(l%4), 2(l%4)+1 of matrix m; with .trans it receives column l/4, rows 2(l%4), 2(l%4)+1.
@@ -19,7 +21,7 @@
 
 #include <cstdint>
 
-namespace ladder::tc {
+namespace ladder::step06 {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -153,4 +155,4 @@ struct SmemLayout {
   }
 };
 
-}  // namespace ladder::tc
+}  // namespace ladder::step06

@@ -14,7 +14,7 @@ with --backward, dQ, dK, dV with torch in float64.
 A shape is B,H,Hkv,M,N,d with an optional ",causal". Arguments after "--" go to the step
 program unchanged (e.g. --variant, --tile-q).
 
-Pass rule, the harness's (LADDER.md): a tensor passes when its max abs error vs float64
+Pass rule, the harness's (docs/CONTRACT.md): a tensor passes when its max abs error vs float64
 is at most 2x (3x for gradients) the error of the same computation done by torch in the
 step's dtype, plus eps(dtype) * max(1, max|ref|). NaN or Inf where the reference is
 finite fails; LSE must be exactly -inf where the reference is. A float64 step (step 00)

@@ -1,29 +1,29 @@
-// Step 05, part 2 of 3: the FA2 backward (FlashAttention-2, Algorithm 2), fp32.
-//   pre-pass    D_i = rowsum(dO_i o O_i)                        bwd_prepass (also zeroes dQ_acc)
-//   main        one block per (K/V tile j, K/V head, batch); dK_j, dV_j in registers;
+// Step 05's backward: the FA2 backward (FlashAttention-2, Algorithm 2), fp32.
+//   pre-pass    D_i = rowsum(dO_i o O_i)                        backward_prepass_kernel (also
+//   zeroes dQ_acc) main        one block per (K/V tile j, K/V head, batch); dK_j, dV_j in
+//   registers;
 //               for every query head h of the group, for every Q tile i that sees K_j:
 //                 S_ij  = Q_i K_j^T,   P_ij = exp(scale S_ij - LSE_i)   (recomputed from LSE)
 //                 dV_j += P_ij^T dO_i
 //                 dP_ij = dO_i V_j^T,  dS_ij = P_ij o (dP_ij - D_i)
 //                 dK_j += dS_ij^T Q_i  (times scale at the end)
 //                 dQ_i += dS_ij K_j    (fp32 atomicAdd into dQ_acc: other blocks add to it too)
-//   post-pass   dQ = scale * dQ_acc                              bwd_dq
-// The thread layout is the forward's (fa2_forward.cuh) with 256 threads, Br = Bc = 64:
+//   post-pass   dQ = scale * dQ_acc                              backward_dq_kernel
+// The thread layout is the forward's (shared_memory_fa2.cuh) with 256 threads, Br = Bc = 64:
 //   S_ij, dP_ij:  rows ty + 16a (a < 4), keys tx + 16b (b < 4)        abt_tile<D, 4>
 //   dV_j, dK_j:   keys 4ty + a (a < 4), columns 2tx + 32c (+1)         atb_tile below
 //   dQ_i:         rows ty + 16a (a < 4), columns 2tx + 32c (+1)        pv_tile<D, 4>
 #pragma once
-#include "fa2_forward.cuh"
+#include "shared_memory_fa2.cuh"
 
-namespace ladder {
-namespace fa2 {
+namespace ladder::step05 {
 
 constexpr int kBwdThreads = 256;
 constexpr int kBrBwd = 64;                            // query rows per Q tile in the backward
 constexpr int kBwdTM = kBrBwd / (kBwdThreads / kTX);  // 4 rows of S_ij per thread
 static_assert(kBwdTM == 4 && kBc / 4 == kBwdThreads / kTX, "atb_tile's 4 keys per thread");
 
-struct BwdArgs {
+struct BwdParams {
   const float* __restrict__ q;
   const float* __restrict__ k;
   const float* __restrict__ v;
@@ -35,7 +35,7 @@ struct BwdArgs {
   float* __restrict__ dq_acc;        // fp32, [B, H, M, D], zeroed by the pre-pass
   float* __restrict__ dk;
   float* __restrict__ dv;
-  int M, N, H, group;
+  int batch, heads, heads_kv, group, seq_q, seq_k;
   float scale;
   bool causal;
 };
@@ -47,8 +47,9 @@ struct BwdArgs {
 // The block also zeroes its rows of dQ_acc for the atomics (coalesced: consecutive threads,
 // consecutive float4s).
 __global__ void __launch_bounds__(256)
-    bwd_prepass(const float* __restrict__ dout, const float* __restrict__ o,
-                float* __restrict__ dsum, float* __restrict__ dq_acc, int64_t rows, int d) {
+    backward_prepass_kernel(const float* __restrict__ dout, const float* __restrict__ o,
+                            float* __restrict__ dsum, float* __restrict__ dq_acc, int64_t rows,
+                            int d) {
   const int64_t row0 = int64_t(blockIdx.x) * blockDim.x, row = row0 + threadIdx.x;
   if (row < rows) {
     float acc = 0.f;
@@ -68,8 +69,8 @@ __global__ void __launch_bounds__(256)
 }
 
 // dQ = scale * dQ_acc, into the (poisoned) output.
-__global__ void bwd_dq(const float* __restrict__ dq_acc, float* __restrict__ dq, int64_t n,
-                       float scale) {
+__global__ void backward_dq_kernel(const float* __restrict__ dq_acc, float* __restrict__ dq,
+                                   int64_t n, float scale) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t x = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; x < n; x += stride)
     dq[x] = scale * dq_acc[x];
@@ -110,7 +111,7 @@ constexpr size_t bwd_smem_bytes() {
 }
 
 template <int D>
-__global__ void __launch_bounds__(kBwdThreads) fa2_backward(BwdArgs a) {
+__global__ void __launch_bounds__(kBwdThreads) backward_kernel(const BwdParams p) {
   using L = Layout<D>;
   extern __shared__ float4 smem4[];
   const int tid = threadIdx.x, tx = tid % kTX, ty = tid / kTX;
@@ -125,41 +126,41 @@ __global__ void __launch_bounds__(kBwdThreads) fa2_backward(BwdArgs a) {
   float* Ds = Lo + kBrBwd;             // D_i
 
   const int jt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, j0 = jt * kBc;
-  const int Hkv = a.H / a.group, keys = min(kBc, a.N - j0);
-  const size_t kv_off = ((size_t(b) * Hkv + hk) * a.N + j0) * D;
+  const int Hkv = p.heads / p.group, keys = min(kBc, p.seq_k - j0);
+  const size_t kv_off = ((size_t(b) * Hkv + hk) * p.seq_k + j0) * D;
   load_tiles<D, 2>(
-      {TileCopy{Ks, a.k + kv_off, L::kLd, keys}, TileCopy{Vs, a.v + kv_off, L::kLd, keys}}, kBc,
+      {TileCopy{Ks, p.k + kv_off, L::kLd, keys}, TileCopy{Vs, p.v + kv_off, L::kLd, keys}}, kBc,
       tid, kBwdThreads);
 
   float dk[4][L::kCols] = {}, dv[4][L::kCols] = {};
   // Causal: rows i < j0 - (N - M) see no key of this tile; their Q tiles are skipped.
-  const int it0 = a.causal ? max(0, j0 - (a.N - a.M)) / kBrBwd : 0;
-  const int tr = (a.M + kBrBwd - 1) / kBrBwd;
+  const int it0 = p.causal ? max(0, j0 - (p.seq_k - p.seq_q)) / kBrBwd : 0;
+  const int tr = (p.seq_q + kBrBwd - 1) / kBrBwd;
   // GQA: the group's query heads all read K_j, V_j, so this block sums their contributions
   // to dK_j, dV_j on chip: no atomics for dK, dV.
-  for (int g = 0; g < a.group; ++g) {
-    const size_t q_head = (size_t(b) * a.H + hk * a.group + g) * a.M;
+  for (int g = 0; g < p.group; ++g) {
+    const size_t q_head = (size_t(b) * p.heads + hk * p.group + g) * p.seq_q;
     for (int it = it0; it < tr; ++it) {
-      const int i0 = it * kBrBwd, rows = min(kBrBwd, a.M - i0);
+      const int i0 = it * kBrBwd, rows = min(kBrBwd, p.seq_q - i0);
       const size_t q_off = (q_head + i0) * D;
       __syncthreads();  // the last Q tile is done with Q_i, dO_i, P_ij, dS_ij, L_i, D_i
       load_tiles<D, 2>(
-          {TileCopy{Qs, a.q + q_off, L::kLd, rows}, TileCopy{dOs, a.dout + q_off, L::kLd, rows}},
+          {TileCopy{Qs, p.q + q_off, L::kLd, rows}, TileCopy{dOs, p.dout + q_off, L::kLd, rows}},
           kBrBwd, tid, kBwdThreads);
       if (tid < kBrBwd) {
-        const float lse = tid < rows ? a.lse[q_head + i0 + tid] : -INFINITY;
+        const float lse = tid < rows ? p.lse[q_head + i0 + tid] : -INFINITY;
         // exp(S - (+inf)) = 0 for every finite S: a row with no visible key (LSE = -inf) or
         // past the end gets P = 0 with no test per element, and never -inf - -inf = NaN.
         Ls[tid] = lse == -INFINITY ? INFINITY : lse;
-        Lo[tid] = tid < rows ? a.lse_lo[q_head + i0 + tid] : 0.f;
-        Ds[tid] = tid < rows ? a.dsum[q_head + i0 + tid] : 0.f;
+        Lo[tid] = tid < rows ? p.lse_lo[q_head + i0 + tid] : 0.f;
+        Ds[tid] = tid < rows ? p.dsum[q_head + i0 + tid] : 0.f;
       }
       __syncthreads();
 
       float s[4][kTN] = {}, dp[4][kTN] = {};
       abt_tile<D, 4>(s, Qs, ty, kTX, Ks, tx);    // S_ij = Q_i K_j^T
       abt_tile<D, 4>(dp, dOs, ty, kTX, Vs, tx);  // dP_ij = dO_i V_j^T
-      const bool mask = j0 + kBc > a.N || (a.causal && j0 + kBc - 1 > i0 + a.N - a.M);
+      const bool mask = j0 + kBc > p.seq_k || (p.causal && j0 + kBc - 1 > i0 + p.seq_k - p.seq_q);
       // EXERCISE BEGIN backward-ds
       // For each element of this thread's micro-tile (row ty + 16r, key tx + 16c): P_ij from
       // S_ij and the saved LSE + LSE_lo (Ls holds +inf for rows with none, so P = 0 there), 0 where
@@ -172,11 +173,12 @@ __global__ void __launch_bounds__(kBwdThreads) fa2_backward(BwdArgs a) {
 #pragma unroll
         for (int c = 0; c < kTN; ++c) {
           const int j = tx + kTX * c;
-          const bool hidden = mask && (j0 + j >= a.N || (a.causal && j0 + j > i0 + i + a.N - a.M));
+          const bool hidden =
+              mask && (j0 + j >= p.seq_k || (p.causal && j0 + j > i0 + i + p.seq_k - p.seq_q));
           // scale * S rounded as in the forward (scale_and_mask), then LSE and its residual.
-          const float p = hidden ? 0.f : expf((__fmul_rn(s[r][c], a.scale) - lse) - lo);
-          Ps[i * L::kLdP + j] = p;
-          dSs[i * L::kLdP + j] = p * (dp[r][c] - di);
+          const float pij = hidden ? 0.f : expf((__fmul_rn(s[r][c], p.scale) - lse) - lo);
+          Ps[i * L::kLdP + j] = pij;
+          dSs[i * L::kLdP + j] = pij * (dp[r][c] - di);
         }
       }
       // EXERCISE END
@@ -190,7 +192,7 @@ __global__ void __launch_bounds__(kBwdThreads) fa2_backward(BwdArgs a) {
       for (int r = 0; r < 4; ++r) {
         const int i = ty + kTX * r;
         if (i >= rows) continue;
-        float* acc = a.dq_acc + q_off + size_t(i) * D + 2 * tx;
+        float* acc = p.dq_acc + q_off + size_t(i) * D + 2 * tx;
 #pragma unroll
         for (int c = 0; c < D / 32; ++c) {
           atomicAdd(acc + 32 * c, dq[r][2 * c]);
@@ -208,12 +210,11 @@ __global__ void __launch_bounds__(kBwdThreads) fa2_backward(BwdArgs a) {
     const size_t row = kv_off + size_t(j) * D + 2 * tx;
 #pragma unroll
     for (int c = 0; c < D / 32; ++c) {
-      *reinterpret_cast<float2*>(a.dk + row + 32 * c) =
-          make_float2(a.scale * dk[r][2 * c], a.scale * dk[r][2 * c + 1]);
-      *reinterpret_cast<float2*>(a.dv + row + 32 * c) = make_float2(dv[r][2 * c], dv[r][2 * c + 1]);
+      *reinterpret_cast<float2*>(p.dk + row + 32 * c) =
+          make_float2(p.scale * dk[r][2 * c], p.scale * dk[r][2 * c + 1]);
+      *reinterpret_cast<float2*>(p.dv + row + 32 * c) = make_float2(dv[r][2 * c], dv[r][2 * c + 1]);
     }
   }
 }
 
-}  // namespace fa2
-}  // namespace ladder
+}  // namespace ladder::step05

@@ -1,7 +1,8 @@
-// Step 00: the oracle. Plain scaled dot-product attention, forward and backward,
-// written as matrix algebra with Eigen in float64: the reference every other step is
-// checked against. Beside it, plain_attention(): the plain same-precision computation
-// whose error sets the harness's tolerance (LADDER.md, "The harness").
+// The oracle: scaled dot-product attention, forward and backward, written as matrix algebra
+// with Eigen in float64 (causal and block masks, dropout, GQA): the reference every step is
+// checked against, and step 00's algorithm. Beside it, plain_attention(): the plain
+// same-precision computation whose error sets the harness's tolerance (docs/CONTRACT.md,
+// "The harness"). The layer above common/ and below the runner and the steps.
 #pragma once
 #include <cstdint>
 #include <vector>

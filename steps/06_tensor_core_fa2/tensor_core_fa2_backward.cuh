@@ -33,10 +33,10 @@
 #include <cstdint>
 
 #include "exercise.hpp"
-#include "forward.cuh"  // the fragment loaders load_a and load_b_kn, and load_tile
+#include "tensor_core_fa2.cuh"  // the fragment loaders load_a and load_b_kn, and load_tile
 #include "mma.cuh"
 
-namespace ladder::tc {
+namespace ladder::step06 {
 
 struct BwdParams {
   const void* q;     // [B, H, M, d] in T (the forward's Q: negated when scale < 0)
@@ -146,7 +146,8 @@ constexpr int kPrepassThreads = 256, kPrepassRows = kPrepassThreads / 8;  // 8 l
 // Eight lanes per row, each summing 8-element (16-byte) chunks c, c + 8, ... of dO and O in
 // fp32, then three xor-shuffles within the 8. Memory-bound: it reads O and dO once.
 template <class T>
-__global__ void __launch_bounds__(kPrepassThreads) flash_bwd_prepass(const BwdParams p, int d) {
+__global__ void __launch_bounds__(kPrepassThreads)
+    backward_prepass_kernel(const BwdParams p, int d) {
   const int64_t rows = int64_t(p.batch) * p.heads * p.seq_q;
   const int sub = threadIdx.x & 7;
   const int64_t row0 = int64_t(blockIdx.x) * kPrepassRows, row = row0 + threadIdx.x / 8;
@@ -186,8 +187,7 @@ __global__ void __launch_bounds__(kPrepassThreads) flash_bwd_prepass(const BwdPa
 // ---- the main kernel ----
 
 template <class T, int D>
-__global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
-    flash_bwd_kernel(const BwdParams p) {
+__global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1) backward_kernel(const BwdParams p) {
   using C = BwdConfig<T, D>;
   using QKV = typename C::QKV;
   using DSL = typename C::DSL;
@@ -478,7 +478,7 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
 // ---- post-pass: dQ = scale_dq * dQ_acc in T, 4 elements per thread and step ----
 
 template <class T>
-__global__ void __launch_bounds__(256) flash_bwd_dq(const BwdParams p, int d) {
+__global__ void __launch_bounds__(256) backward_dq_kernel(const BwdParams p, int d) {
   const int64_t n4 = int64_t(p.batch) * p.heads * p.seq_q * d / 4;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t x = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; x < n4; x += stride) {
@@ -501,7 +501,7 @@ struct BwdKernel {
 template <class T, int D>
 void launch_bwd_prepass(const BwdParams& p) {
   const int64_t rows = int64_t(p.batch) * p.heads * p.seq_q;
-  flash_bwd_prepass<T>
+  backward_prepass_kernel<T>
       <<<unsigned((rows + kPrepassRows - 1) / kPrepassRows), kPrepassThreads>>>(p, D);
 }
 
@@ -510,21 +510,21 @@ void launch_bwd_main(const BwdParams& p) {
   using C = BwdConfig<T, D>;
   const dim3 grid(unsigned((p.seq_k + C::kBc - 1) / C::kBc), unsigned(p.heads_kv),
                   unsigned(p.batch));
-  flash_bwd_kernel<T, D><<<grid, C::kThreads, C::kSmemBytes>>>(p);
+  backward_kernel<T, D><<<grid, C::kThreads, C::kSmemBytes>>>(p);
 }
 
 template <class T, int D>
 void launch_bwd_dq(const BwdParams& p) {
   const int64_t n4 = int64_t(p.batch) * p.heads * p.seq_q * D / 4;
   const int64_t blocks = (n4 + 255) / 256;
-  flash_bwd_dq<T><<<unsigned(blocks < 65536 ? blocks : 65536), 256>>>(p, D);
+  backward_dq_kernel<T><<<unsigned(blocks < 65536 ? blocks : 65536), 256>>>(p, D);
 }
 
 template <class T, int D>
 BwdKernel bwd_kernel() {
   using C = BwdConfig<T, D>;
   BwdKernel k;
-  k.fn = reinterpret_cast<const void*>(&flash_bwd_kernel<T, D>);
+  k.fn = reinterpret_cast<const void*>(&backward_kernel<T, D>);
   k.prepass = &launch_bwd_prepass<T, D>;
   k.main = &launch_bwd_main<T, D>;
   k.finish = &launch_bwd_dq<T, D>;
@@ -532,4 +532,4 @@ BwdKernel bwd_kernel() {
   return k;
 }
 
-}  // namespace ladder::tc
+}  // namespace ladder::step06

@@ -1,6 +1,41 @@
-// Step 05, part 1 of 3: the tile machinery and the forward kernels (FA2 and FA1 loop orders).
-// Read shared_memory_fa2.cu's header first; part 2 is fa2_backward.cuh, part 3 the host code
-// at the bottom of shared_memory_fa2.cu.
+// Step 05 — shared-memory FlashAttention-2 (CUDA, fp32).
+// Adds: a block per Q tile, K/V tiles staged in shared memory (FA2 loop order); register
+// micro-tiles of S and O per thread; row max and sum by warp shuffles, one division by l at the
+// end; causal: tiles past the diagonal skipped, the mask only on straddling tiles; Br from the
+// FlashAttention block-size rule; FA1 loop order as a variant; FA2 backward: D pre-pass, a block
+// per K/V tile, dQ by fp32 atomics.
+//
+// Where it sits: step 04 gave each query row its own thread and streamed every K and V row
+// from HBM (through L1/L2) for every query row. Here a block of threads shares the work of
+// Br query rows, so each K/V row fetched from HBM serves Br rows: FlashAttention-2's tiling
+// (Dao, 2023), in plain fp32 FMAs. In the papers' names, with Tr = ceil(M / Br) Q tiles and
+// Tc = ceil(N / Bc) K/V tiles:
+//   forward (this file), one block per (Q tile i, head, batch):
+//     Q_i -> shared memory; m_i = -inf, l_i = 0, O_i = 0 in registers
+//     for j < Tc (only the tiles some row of Q_i can see):
+//       K_j, V_j -> shared memory
+//       S_ij = scale Q_i K_j^T                     (8 x 4 scores per thread, from shared memory)
+//       m_new = max(m_i, rowmax S_ij)              (16 threads per row: warp shuffles)
+//       P_ij = exp(S_ij - m_new)                   (-> shared memory, over K_j's buffer)
+//       l_i = exp(m_i - m_new) l_i + rowsum P_ij,  O_i = exp(m_i - m_new) O_i + P_ij V_j
+//     O_i /= l_i,  LSE_i = m_i + log l_i           (deferred normalisation: one division)
+//   fa1 variant: one block per (head, batch), j outer and i inner; O_i, m_i, l_i go to HBM and
+//     back for every K/V tile (FlashAttention-1, Algorithm 1), to measure what FA2's order buys.
+//   backward (shared_memory_fa2_backward.cuh): D_i = rowsum(dO_i o O_i); one block per (K/V tile j,
+//   K/V
+//     head, batch) keeps dK_j, dV_j in registers and walks the Q tiles of every query head of
+//     its group: P_ij recomputed from LSE_i, dV_j += P_ij^T dO_i, dP_ij = dO_i V_j^T,
+//     dS_ij = P_ij o (dP_ij - D_i), dK_j += scale dS_ij^T Q_i, dQ_i += scale dS_ij K_j (atomics).
+// Block sizes (host.cu, the descriptor's tiles()): the FlashAttention rule for an on-chip memory of
+// M_sram floats, Bc = ceil(M_sram / 4d), Br = min(Bc, d), capped by what the kernel's thread layout
+// compiles (Bc = 64) and by measurement (Br). notes/05_shared_memory_fa2.md works the rule
+// through for the H100, and has the cost model, the pitfalls and the exercises.
+// What the next step (06) fixes: fp32 FMAs reach at most ~51 TFLOP/s; tensor cores (mma.sync
+// in fp16/bf16) are ~12x faster, and with them come ldmatrix, swizzled shared memory,
+// cp.async pipelining and P kept in registers.
+// This file: the tile machinery and the forward kernels (FA2 and FA1 loop orders). The
+// backward is shared_memory_fa2_backward.cuh; host.cu holds the descriptor, the tile choice
+// and the launches.
 //
 // Thread layout, shared by every kernel of this step. A tile S_ij = Q_i K_j^T (Br x Bc) is
 // computed by a grid of kTX x TY threads; thread (ty, tx) owns a kTM x kTN micro-tile of it:
@@ -14,8 +49,7 @@
 
 #include <cmath>
 
-namespace ladder {
-namespace fa2 {
+namespace ladder::step05 {
 
 constexpr int kTX = 16;           // threads across a row of S: a half warp
 constexpr int kTN = 4;            // keys per thread
@@ -166,14 +200,14 @@ __device__ __forceinline__ void pv_tile(float (&acc)[TM][D / 16], const float* P
 
 // What every forward kernel needs to know. Q, O: [B, H, M, D]; K, V: [B, Hkv, N, D];
 // LSE, LSE_lo: [B, H, M]. group = H / Hkv: query head h reads K/V head h / group.
-struct FwdArgs {
+struct FwdParams {
   const float* __restrict__ q;
   const float* __restrict__ k;
   const float* __restrict__ v;
   float* __restrict__ o;
   float* __restrict__ lse;
   float* __restrict__ lse_lo;  // for the backward: see store_lse
-  int M, N, H, group, Br;
+  int batch, heads, heads_kv, group, seq_q, seq_k, Br;
   float scale;
   bool causal;
 };
@@ -200,15 +234,15 @@ __device__ __forceinline__ void store_lse(float* lse, float* lse_lo, float m, fl
 // __fmul_rn: scale * S rounded on its own, never fused with the later "- m" into an FMA, so the
 // backward (which recomputes it the same way) sees the very same S_ij. A row with a single
 // visible key then has S_ij - LSE_i = 0 and P_ij = exp(0) = 1 exactly in both passes.
-__device__ __forceinline__ void scale_and_mask(float (&s)[kTM][kTN], const FwdArgs& a, bool mask,
+__device__ __forceinline__ void scale_and_mask(float (&s)[kTM][kTN], const FwdParams& p, bool mask,
                                                int i0, int j0, int ty, int TY, int tx) {
 #pragma unroll
   for (int r = 0; r < kTM; ++r)
 #pragma unroll
     for (int b = 0; b < kTN; ++b) {
       const int i = i0 + ty + TY * r, j = j0 + tx + kTX * b;
-      const bool hidden = mask && (j >= a.N || (a.causal && j > i + a.N - a.M));
-      s[r][b] = hidden ? -INFINITY : __fmul_rn(s[r][b], a.scale);
+      const bool hidden = mask && (j >= p.seq_k || (p.causal && j > i + p.seq_k - p.seq_q));
+      s[r][b] = hidden ? -INFINITY : __fmul_rn(s[r][b], p.scale);
     }
 }
 
@@ -218,30 +252,30 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[kTM][kTN], const FwdAr
 // unnormalised O_i stay in registers; O_i / l_i and LSE_i = m_i + log l_i are written once.
 // Shared memory: [Q_i: Br x kLd][K_j: Bc x kLd, reused for P_ij][V_j: Bc x D].
 template <int D>
-__global__ void __launch_bounds__(kFwdMaxThreads) fa2_forward(FwdArgs a) {
+__global__ void __launch_bounds__(kFwdMaxThreads) forward_kernel(const FwdParams p) {
   using L = Layout<D>;
   extern __shared__ float4 smem4[];
-  const int Br = a.Br, TY = Br / kTM, tid = threadIdx.x, tx = tid % kTX, ty = tid / kTX;
+  const int Br = p.Br, TY = Br / kTM, tid = threadIdx.x, tx = tid % kTX, ty = tid / kTX;
   float* Qs = reinterpret_cast<float*>(smem4);
   float* Ks = Qs + Br * L::kLd;
   float* Ps = Ks;  // P_ij overwrites K_j once S_ij is in registers
   float* Vs = Ks + max(kBc * L::kLd, Br * L::kLdP);
 
   // Causal: the last Q tiles see the most keys; launching them first shortens the tail.
-  const int it = a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int i0 = it * Br, h = blockIdx.y, b = blockIdx.z, hk = h / a.group;
-  const int rows = min(Br, a.M - i0);
-  const size_t q_off = (size_t(b) * a.H + h) * a.M + i0;  // first row of Q_i, O_i, LSE_i
-  const size_t kv_off = (size_t(b) * (a.H / a.group) + hk) * a.N;
-  const float* K = a.k + kv_off * D;
-  const float* V = a.v + kv_off * D;
+  const int it = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int i0 = it * Br, h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
+  const int rows = min(Br, p.seq_q - i0);
+  const size_t q_off = (size_t(b) * p.heads + h) * p.seq_q + i0;  // first row of Q_i, O_i, LSE_i
+  const size_t kv_off = (size_t(b) * (p.heads / p.group) + hk) * p.seq_k;
+  const float* K = p.k + kv_off * D;
+  const float* V = p.v + kv_off * D;
 
   // K/V tiles this Q tile needs: keys up to the last row's last visible key (all when not
   // causal). Tiles past it are fully masked for every row here and are never loaded.
-  const int n_vis = a.causal ? min(a.N, max(0, i0 + rows + a.N - a.M)) : a.N;
+  const int n_vis = p.causal ? min(p.seq_k, max(0, i0 + rows + p.seq_k - p.seq_q)) : p.seq_k;
   const int tc = (n_vis + kBc - 1) / kBc;
 
-  load_tiles<D, 1>({TileCopy{Qs, a.q + q_off * D, L::kLd, rows}}, Br, tid, blockDim.x);
+  load_tiles<D, 1>({TileCopy{Qs, p.q + q_off * D, L::kLd, rows}}, Br, tid, blockDim.x);
 
   float m[kTM], l[kTM], o[kTM][L::kCols];  // l: this thread's share of the row sum
 #pragma unroll
@@ -254,8 +288,8 @@ __global__ void __launch_bounds__(kFwdMaxThreads) fa2_forward(FwdArgs a) {
   for (int jt = 0; jt < tc; ++jt) {
     const int j0 = jt * kBc;
     __syncthreads();  // everyone is done with the last tile's P_ij (in K's buffer) and V_j
-    load_tiles<D, 2>({TileCopy{Ks, K + size_t(j0) * D, L::kLd, a.N - j0},
-                      TileCopy{Vs, V + size_t(j0) * D, D, a.N - j0}},
+    load_tiles<D, 2>({TileCopy{Ks, K + size_t(j0) * D, L::kLd, p.seq_k - j0},
+                      TileCopy{Vs, V + size_t(j0) * D, D, p.seq_k - j0}},
                      kBc, tid, blockDim.x);
     __syncthreads();  // K_j, V_j (and, the first time, Q_i) are in shared memory
 
@@ -263,8 +297,8 @@ __global__ void __launch_bounds__(kFwdMaxThreads) fa2_forward(FwdArgs a) {
     abt_tile<D, kTM>(s, Qs, ty, TY, Ks, tx);  // S_ij = Q_i K_j^T
     // Only a tile that straddles the diagonal (its last key is past the first row's last
     // visible key i0 + N - M) or the end of the sequence needs the mask.
-    const bool mask = j0 + kBc > a.N || (a.causal && j0 + kBc - 1 > i0 + a.N - a.M);
-    scale_and_mask(s, a, mask, i0, j0, ty, TY, tx);
+    const bool mask = j0 + kBc > p.seq_k || (p.causal && j0 + kBc - 1 > i0 + p.seq_k - p.seq_q);
+    scale_and_mask(s, p, mask, i0, j0, ty, TY, tx);
 
     // EXERCISE BEGIN online-update
     // For each of this thread's rows r: the tile's row max (over the 16 threads of the row),
@@ -308,12 +342,12 @@ __global__ void __launch_bounds__(kFwdMaxThreads) fa2_forward(FwdArgs a) {
     const int i = ty + TY * r;
     if (i >= rows) continue;
     const float inv_l = l_row > 0.f ? 1.f / l_row : 0.f;
-    float* out = a.o + (q_off + i) * D + 2 * tx;
+    float* out = p.o + (q_off + i) * D + 2 * tx;
 #pragma unroll
     for (int c = 0; c < D / 32; ++c)
       *reinterpret_cast<float2*>(out + 32 * c) =
           make_float2(o[r][2 * c] * inv_l, o[r][2 * c + 1] * inv_l);
-    if (tx == 0) store_lse(a.lse + q_off + i, a.lse_lo + q_off + i, m[r], l_row);
+    if (tx == 0) store_lse(p.lse + q_off + i, p.lse_lo + q_off + i, m[r], l_row);
   }
 }
 
@@ -322,36 +356,36 @@ __global__ void __launch_bounds__(kFwdMaxThreads) fa2_forward(FwdArgs a) {
 // j outer, Q tiles i inner (FlashAttention-1, Algorithm 1). O_i, m_i and l_i live in HBM and
 // are read and written back for every K/V tile; O_i is kept normalised after every tile:
 //   O_i <- diag(l_new)^-1 (diag(l_i) exp(m_i - m_new) O_i + P_ij V_j),  P_ij = exp(S_ij - m_new).
-// Needs fa1_init (O = 0, m = -inf, l = 0) before and fa1_lse after.
+// Needs fa1_init_kernel (O = 0, m = -inf, l = 0) before and fa1_lse_kernel after.
 // Shared memory: [Q_i: Br x kLd, reused for P_ij][K_j: Bc x kLd][V_j: Bc x D].
 template <int D>
 __global__ void __launch_bounds__(kFwdMaxThreads)
-    fa1_forward(FwdArgs a, float* __restrict__ m_hbm, float* __restrict__ l_hbm) {
+    fa1_forward_kernel(const FwdParams p, float* __restrict__ m_hbm, float* __restrict__ l_hbm) {
   using L = Layout<D>;
   extern __shared__ float4 smem4[];
-  const int Br = a.Br, TY = Br / kTM, tid = threadIdx.x, tx = tid % kTX, ty = tid / kTX;
+  const int Br = p.Br, TY = Br / kTM, tid = threadIdx.x, tx = tid % kTX, ty = tid / kTX;
   float* Qs = reinterpret_cast<float*>(smem4);
   float* Ps = Qs;  // Q_i is reloaded for every (j, i): P_ij may overwrite it
   float* Ks = Qs + max(Br * L::kLd, Br * L::kLdP);
   float* Vs = Ks + kBc * L::kLd;
 
-  const int h = blockIdx.x, b = blockIdx.y, hk = h / a.group;
-  const size_t q_head = (size_t(b) * a.H + h) * a.M;
-  const size_t kv_off = (size_t(b) * (a.H / a.group) + hk) * a.N;
-  const int tr = (a.M + Br - 1) / Br, tc = (a.N + kBc - 1) / kBc;
+  const int h = blockIdx.x, b = blockIdx.y, hk = h / p.group;
+  const size_t q_head = (size_t(b) * p.heads + h) * p.seq_q;
+  const size_t kv_off = (size_t(b) * (p.heads / p.group) + hk) * p.seq_k;
+  const int tr = (p.seq_q + Br - 1) / Br, tc = (p.seq_k + kBc - 1) / kBc;
 
   for (int jt = 0; jt < tc; ++jt) {
     const int j0 = jt * kBc;
     __syncthreads();  // the last (j, i) is done with V_j and P_ij
-    load_tiles<D, 2>({TileCopy{Ks, a.k + (kv_off + j0) * D, L::kLd, a.N - j0},
-                      TileCopy{Vs, a.v + (kv_off + j0) * D, D, a.N - j0}},
+    load_tiles<D, 2>({TileCopy{Ks, p.k + (kv_off + j0) * D, L::kLd, p.seq_k - j0},
+                      TileCopy{Vs, p.v + (kv_off + j0) * D, D, p.seq_k - j0}},
                      kBc, tid, blockDim.x);
     // Causal: rows i < j0 - (N - M) see no key of this tile; their Q tiles are skipped.
-    const int it0 = a.causal ? max(0, j0 - (a.N - a.M)) / Br : 0;
+    const int it0 = p.causal ? max(0, j0 - (p.seq_k - p.seq_q)) / Br : 0;
     for (int it = it0; it < tr; ++it) {
-      const int i0 = it * Br, rows = min(Br, a.M - i0);
+      const int i0 = it * Br, rows = min(Br, p.seq_q - i0);
       __syncthreads();  // the last i is done with P_ij (in Q's buffer)
-      load_tiles<D, 1>({TileCopy{Qs, a.q + (q_head + i0) * D, L::kLd, rows}}, Br, tid, blockDim.x);
+      load_tiles<D, 1>({TileCopy{Qs, p.q + (q_head + i0) * D, L::kLd, rows}}, Br, tid, blockDim.x);
       // This thread's rows of O_i, m_i, l_i, from HBM.
       float m[kTM], l[kTM], o[kTM][L::kCols];
 #pragma unroll
@@ -362,7 +396,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads)
         l[r] = i < rows ? l_hbm[row] : 0.f;
 #pragma unroll
         for (int c = 0; c < D / 32; ++c) {
-          const float2 x = i < rows ? ld2(a.o + row * D + 2 * tx + 32 * c) : make_float2(0.f, 0.f);
+          const float2 x = i < rows ? ld2(p.o + row * D + 2 * tx + 32 * c) : make_float2(0.f, 0.f);
           o[r][2 * c] = x.x, o[r][2 * c + 1] = x.y;
         }
       }
@@ -370,8 +404,8 @@ __global__ void __launch_bounds__(kFwdMaxThreads)
 
       float s[kTM][kTN] = {};
       abt_tile<D, kTM>(s, Qs, ty, TY, Ks, tx);
-      const bool mask = j0 + kBc > a.N || (a.causal && j0 + kBc - 1 > i0 + a.N - a.M);
-      scale_and_mask(s, a, mask, i0, j0, ty, TY, tx);
+      const bool mask = j0 + kBc > p.seq_k || (p.causal && j0 + kBc - 1 > i0 + p.seq_k - p.seq_q);
+      scale_and_mask(s, p, mask, i0, j0, ty, TY, tx);
 #pragma unroll
       for (int r = 0; r < kTM; ++r) {
         float mx = s[r][0];
@@ -409,7 +443,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads)
         const float inv_l = l[r] > 0.f ? 1.f / l[r] : 0.f;
 #pragma unroll
         for (int c = 0; c < D / 32; ++c)
-          *reinterpret_cast<float2*>(a.o + row * D + 2 * tx + 32 * c) =
+          *reinterpret_cast<float2*>(p.o + row * D + 2 * tx + 32 * c) =
               make_float2(o[r][2 * c] * inv_l, o[r][2 * c + 1] * inv_l);
         if (tx == 0) m_hbm[row] = m[r], l_hbm[row] = l[r];
       }
@@ -418,8 +452,8 @@ __global__ void __launch_bounds__(kFwdMaxThreads)
 }
 
 // FA1's initialisation in HBM: O = 0, m = -inf, l = 0 (rows no K/V tile reaches keep them).
-__global__ void fa1_init(float* __restrict__ o, float* __restrict__ m, float* __restrict__ l,
-                         int64_t rows, int d) {
+__global__ void fa1_init_kernel(float* __restrict__ o, float* __restrict__ m, float* __restrict__ l,
+                                int64_t rows, int d) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t x = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; x < rows * d; x += stride) {
     o[x] = 0.f;
@@ -428,11 +462,10 @@ __global__ void fa1_init(float* __restrict__ o, float* __restrict__ m, float* __
 }
 
 // LSE_i = m_i + log l_i (and its residual), or -inf for a row with no visible key (l_i = 0).
-__global__ void fa1_lse(const float* __restrict__ m, const float* __restrict__ l,
-                        float* __restrict__ lse, float* __restrict__ lse_lo, int64_t rows) {
+__global__ void fa1_lse_kernel(const float* __restrict__ m, const float* __restrict__ l,
+                               float* __restrict__ lse, float* __restrict__ lse_lo, int64_t rows) {
   const int64_t x = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (x < rows) store_lse(lse + x, lse_lo + x, m[x], l[x]);
 }
 
-}  // namespace fa2
-}  // namespace ladder
+}  // namespace ladder::step05

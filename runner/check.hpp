@@ -1,5 +1,5 @@
 // Checking a step's outputs against the float64 oracle with the harness's rule
-// (LADDER.md): a step passes when its error vs float64 is at most 2x (3x for
+// (docs/CONTRACT.md, "The harness"): a step passes when its error vs float64 is at most 2x (3x for
 // gradients) the error of a plain same-precision computation vs float64, plus a
 // tiny floor of one unit roundoff at the magnitude of the terms each output sums
 // (so outputs that are zero by cancellation are not held to zero). NaN/Inf fail.

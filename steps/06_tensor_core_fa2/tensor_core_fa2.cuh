@@ -1,5 +1,44 @@
-// The forward kernel of step 06: FlashAttention-2 on mma.sync tensor cores, one kernel
-// whose template flags switch each technique off for the variants (tensor_core_fa2.cu).
+// Step 06 — tensor-core FlashAttention-2 (CUDA, bf16 and fp16 with fp32 accumulation).
+// Adds: mma.sync m16n8k16 with fp32 accumulation; ldmatrix (.trans for V); XOR-swizzled shared
+// memory; cp.async double buffering of K_j and V_j; P kept in registers as the A operand; exp2
+// with log2(e) folded into the scale; O staged through shared memory for 16-byte stores;
+// backward with a D = rowsum(dO o O) pre-pass and P recomputed from LSE; K/V-outer backward
+// loop with dK_j and dV_j in registers; S^T and dP^T so that P^T and dS^T are A operands in
+// registers; dQ accumulated by fp32 atomics.
+//
+// Where it sits: the top of the ladder. Step 05 has FlashAttention-2's loop order and
+// tiling in fp32 on the CUDA cores, whose FFMA ceiling (~51 TFLOP/s measured) it cannot
+// pass. This step keeps that algorithm and moves both matrix products onto the tensor
+// cores (mma.sync, bf16/fp16 inputs, fp32 accumulation: ~626 TFLOP/s measured), then
+// removes, one technique at a time, everything that would keep them waiting.
+//
+// The algorithm (FlashAttention-2, Dao 2023), for a query tile Q_i of Br rows, in a block:
+//   Tr = ceil(M / Br) blocks per head, Tc = ceil(N / Bc) K/V tiles (fewer under causal)
+//   m_i = -inf, l_i = 0, O_i = 0
+//   for j < Tc:  S_ij = scale Q_i K_j^T                           (tensor cores)
+//                m_new = max(m_i, rowmax S_ij),  P_ij = exp(S_ij - m_new)
+//                l_i = exp(m_i - m_new) l_i + rowsum P_ij
+//                O_i = diag(exp(m_i - m_new)) O_i + P_ij V_j       (tensor cores)
+//                m_i = m_new
+//   O_i = diag(l_i)^-1 O_i,  LSE_i = m_i + log l_i
+// The backward (FlashAttention-2, Algorithm 2), with D_i = rowsum(dO_i o O_i) from a pre-pass:
+//   for each K/V tile j (a block; dK_j = dV_j = 0 in registers):
+//     for each query head of the GQA group, each Q tile i that sees a key of K_j:
+//       P_ij = exp(scale S_ij - LSE_i)    recomputed: only LSE was saved, not P
+//       dV_j += P_ij^T dO_i,  dP_ij = dO_i V_j^T,  dS_ij = P_ij o (dP_ij - D_i)
+//       dK_j += dS_ij^T Q_i,  dQ_i += dS_ij K_j   (fp32 atomics: every K/V tile adds to it)
+//   dK_j *= scale, dQ = scale dQ_acc
+// This file holds the forward kernel; tensor_core_fa2_backward.cuh the backward's three
+// kernels; mma.cuh the fragment vocabulary; host.cu the descriptor, the variants and the
+// launches.
+// notes/06_tensor_core_fa2.md has the fragment drawings, the shared-memory and register
+// budgets and the cost models of both passes.
+// What the next step (07) fixes: on an H100 mma.sync reaches about two thirds of the tensor
+// cores' rate; the rest is taken by Hopper-only instructions: wgmma (warpgroup MMA reading B
+// from shared memory, asynchronous), TMA copies and warp specialisation (FlashAttention-3).
+//
+// The forward kernel, one kernel whose template flags switch each technique off for the
+// variants (host.cu).
 //
 // One block per (Q tile i, head h, batch b); Br = kWarps * 16 * kSlices query rows. Warp w
 // owns rows [w * 16 * kSlices, (w + 1) * 16 * kSlices) of the tile: kSlices m16 slices, whose
@@ -24,7 +63,7 @@
 #include "exercise.hpp"
 #include "mma.cuh"
 
-namespace ladder::tc {
+namespace ladder::step06 {
 
 struct FwdParams {
   const void* q;                      // [B, H, M, d] in T
@@ -198,7 +237,7 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int row0, int r
 
 template <class T, int D, int kFlags>
 __global__ void __launch_bounds__(FwdConfig<T, D, kFlags>::kThreads)
-    flash_fwd_kernel(const FwdParams p) {
+    forward_kernel(const FwdParams p) {
   using C = FwdConfig<T, D, kFlags>;
   using QKV = typename C::QKV;
   constexpr int kBr = C::kBr, kBc = C::kBc, kS = C::kSlices;
@@ -215,8 +254,9 @@ __global__ void __launch_bounds__(FwdConfig<T, D, kFlags>::kThreads)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;  // the mma fragment coordinates of this lane
   const int M = p.seq_q, N = p.seq_k;
-  // Causal tiles near the end of the sequence see the most keys: launch them first, so the
-  // last wave of blocks is made of short ones.
+  // Q tiles in reverse order: under the causal mask the last tiles see the most keys, so
+  // running them first leaves the short ones for the last wave. Without a mask every tile
+  // costs the same and the order changes nothing.
   const int i0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kBr;
   const int h = blockIdx.y, b = blockIdx.z;
   const size_t bh = size_t(b) * p.heads + h, bhk = size_t(b) * p.heads_kv + h / p.group;
@@ -471,17 +511,17 @@ template <class T, int D, int kFlags>
 void launch_fwd(const FwdParams& p) {
   using C = FwdConfig<T, D, kFlags>;
   const dim3 grid(unsigned((p.seq_q + C::kBr - 1) / C::kBr), unsigned(p.heads), unsigned(p.batch));
-  flash_fwd_kernel<T, D, kFlags><<<grid, C::kThreads, C::kSmemBytes>>>(p);
+  forward_kernel<T, D, kFlags><<<grid, C::kThreads, C::kSmemBytes>>>(p);
 }
 
 template <class T, int D, int kFlags>
 FwdKernel fwd_kernel() {
   using C = FwdConfig<T, D, kFlags>;
   FwdKernel k;
-  k.fn = reinterpret_cast<const void*>(&flash_fwd_kernel<T, D, kFlags>);
+  k.fn = reinterpret_cast<const void*>(&forward_kernel<T, D, kFlags>);
   k.launch = &launch_fwd<T, D, kFlags>;
   k.br = C::kBr, k.bc = C::kBc, k.warps = C::kWarps, k.smem_bytes = C::kSmemBytes;
   return k;
 }
 
-}  // namespace ladder::tc
+}  // namespace ladder::step06

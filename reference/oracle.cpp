@@ -1,19 +1,22 @@
-// Step 00 — CPU reference (float64, Eigen). The top of the ladder's correctness:
+// The oracle (float64, Eigen): the top of the ladder's correctness, run as step 00 and used
+// by the checker (runner/check.cpp) for every other step.
 //
-//   S = scale * Q K^T            (masked: key j visible to query i iff j <= i + N - M)
+//   S = scale * Q K^T            (masked: key j visible to query i iff j <= i + N - M under
+//                                 --causal, and the block of (i, j) kept by a block mask)
 //   P = softmax(S) row by row    (max-shifted; a row with no visible key gives P = 0)
-//   O = P V,  LSE = m + log l    (m the row max, l the row sum of exp(S - m))
+//   Pd = P o Z / (1 - p)         (dropout: Z from common/dropout.hpp; Pd = P without it)
+//   O = Pd V,  LSE = m + log l   (m the row max, l the row sum of exp(S - m): Z plays no part)
 // backward, from dO:
-//   dV = P^T dO,  dP = dO V^T,  D = rowsum(dO o O),  dS = P o (dP - D)
+//   dV = Pd^T dO,  dP = (dO V^T) o Z / (1 - p),  D = rowsum(dO o O),  dS = P o (dP - D)
 //   dQ = scale * dS K,  dK = scale * dS^T Q   (summed over the query heads of a GQA group)
-#include "reference.hpp"
+#include "oracle.hpp"
 
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
-#include "exercise.hpp"
+#include "dropout.hpp"
 
 namespace ladder::reference {
 namespace {
@@ -64,7 +67,11 @@ void attention(const Problem& p, const Inputs& in, Outputs& out, const std::vect
   const std::vector<int64_t> keys = iota(N);
   const size_t kBlock = 256;  // query rows per block: bounds the S and P scratch to 256 x N
   // One batch and K/V head: its query heads, block by block. K and V: scratch for its keys.
+  const bool dropping = p.dropout > 0;
+  const uint32_t thresh = dropout::threshold(p.dropout);
+  const double inv_keep = 1.0 / (1.0 - p.dropout);
   auto head_group = [&](int64_t b, int64_t hk, Mat& K, Mat& V) {
+    std::vector<unsigned char> visible(static_cast<size_t>(N)), keep(static_cast<size_t>(N));
     load_all(in.k, b, hk, K);
     load_all(in.v, b, hk, V);
     Mat dK_acc, dV_acc;
@@ -78,39 +85,49 @@ void attention(const Problem& p, const Inputs& in, Outputs& out, const std::vect
         const int64_t R = int64_t(rows.size());
         const Mat Q = load(in.q, b, h, rows);
         const Mat S = (Q * K.transpose()) * scale;
-        Mat P = Mat::Zero(R, N);
+        Mat P = Mat::Zero(R, N), Z;  // Z: dropout's keep mask scaled by 1 / (1 - p)
+        if (dropping) Z = Mat::Zero(R, N);
         for (int64_t r = 0; r < R; ++r) {
-          const int64_t visible = p.visible_keys(rows[size_t(r)]);
+          const int64_t i = rows[size_t(r)], causal_keys = p.visible_keys(i);
+          for (int64_t j = 0; j < N; ++j)
+            visible[size_t(j)] = j < causal_keys && in.mask.visible(b, h, i, j);
           double& lse = out.lse.data[size_t((b * p.heads + h) * out_seq + orows[size_t(r)])];
-          if (visible == 0) {  // no visible key: O = 0, LSE = -inf, zero gradients
-            lse = -std::numeric_limits<double>::infinity();
+          double m = -std::numeric_limits<double>::infinity();
+          for (int64_t j = 0; j < N; ++j)
+            if (visible[size_t(j)]) m = std::max(m, S(r, j));
+          if (m == -std::numeric_limits<double>::infinity()) {  // no visible key: O = 0,
+            lse = m;                                            // LSE = -inf, zero gradients
             continue;
           }
-          const double m = S.row(r).head(visible).maxCoeff();
-          P.row(r).head(visible) = (S.row(r).head(visible).array() - m).exp().matrix();
-          const double l = P.row(r).head(visible).sum();
-          P.row(r).head(visible) /= l;
+          double l = 0;
+          for (int64_t j = 0; j < N; ++j)
+            if (visible[size_t(j)]) l += (P(r, j) = std::exp(S(r, j) - m));
+          P.row(r) /= l;
           lse = m + std::log(l);
+          if (dropping) {
+            dropout::keep_row(p.dropout_seed, thresh, b, h, i, N, keep.data());
+            for (int64_t j = 0; j < N; ++j) Z(r, j) = keep[size_t(j)] ? inv_keep : 0.0;
+          }
         }
-        const Mat O = P * V;
+        const Mat Pd = dropping ? Mat(P.cwiseProduct(Z)) : P;
+        const Mat O = Pd * V;
         store(out.o, b, h, orows, O);
         if (!p.backward) continue;
 
         const Mat dO = load(in.dout, b, h, rows);
         Mat dP, dS, dQ;
         Eigen::VectorXd D;
-        // EXERCISE BEGIN backward-products
-        // From P (softmax probabilities), O and dO of these rows: dP = dO V^T,
-        // D = rowsum(dO o O), dS = P o (dP - D) (D broadcast along each row), dQ = scale dS K.
+        // dP = dO V^T (times Z / (1-p) with dropout), D = rowsum(dO o O),
+        // dS = P o (dP - D) (D broadcast along each row), dQ = scale dS K.
         dP = dO * V.transpose();
+        if (dropping) dP = dP.cwiseProduct(Z);
         D = (dO.array() * O.array()).rowwise().sum();
         dS = (P.array() * (dP.colwise() - D).array()).matrix();
         dQ = (dS * K) * scale;
-        // EXERCISE END
         store(out.dq, b, h, orows, dQ);
         if (full) {
           dK_acc.noalias() += (dS.transpose() * Q) * scale;
-          dV_acc.noalias() += P.transpose() * dO;
+          dV_acc.noalias() += Pd.transpose() * dO;
         }
       }
     }

@@ -5,7 +5,8 @@
 #include <random>
 #include <sstream>
 
-#include "reference.hpp"
+#include "error.hpp"
+#include "oracle.hpp"
 
 namespace ladder {
 
@@ -143,10 +144,23 @@ CheckReport verify(const Problem& p, const Inputs& in, const Outputs& got, Check
   }
   const std::vector<int64_t>* rows = sampled ? &qrows : nullptr;
   reference::attention(p, in, ref, rows);
-  if (p.dtype == DType::f64)
-    plain = ref;  // a float64 step's yardstick is the oracle itself (tolerance: the floor)
-  else
-    reference::plain_attention(p, in, p.dtype, plain, rows);
+  // The oracle is float64 arithmetic: inputs so large that it overflows (|S| past 1e308)
+  // cannot be checked, and are refused rather than compared with a NaN.
+  const auto oracle_bad = [](const Tensor& t, bool lse) {
+    for (double x : t.data)
+      if (std::isnan(x) || (std::isinf(x) && !(lse && x < 0))) return true;
+    return false;
+  };
+  if (oracle_bad(ref.o, false) || oracle_bad(ref.lse, true) ||
+      (p.backward &&
+       (oracle_bad(ref.dq, false) || oracle_bad(ref.dk, false) || oracle_bad(ref.dv, false))))
+    throw BadInput(
+        "the inputs overflow float64 arithmetic in the oracle (scores beyond 1e308): they "
+        "cannot be checked");
+  // The yardstick: the plain computation in the step's own precision (float64 too, so that a
+  // float64 step, the oracle itself run sampled or in full, is held to what another summation
+  // order gives rather than to bit equality).
+  reference::plain_attention(p, in, p.dtype, plain, rows);
 
   // The floor: one unit roundoff at the magnitude of the terms an output is made of, so an
   // output that is exactly zero by cancellation (dQ of a row with one visible key, where
@@ -199,9 +213,16 @@ std::string CheckReport::summary() const {
   std::ostringstream s;
   s.precision(3);
   for (const TensorCheck& t : tensors) {
-    s << "  " << t.name << ": max abs err " << std::scientific << t.step.max_abs << " (plain "
-      << t.plain.max_abs << ", tol " << t.tol << ")";
-    if (t.step.bad) s << ", " << t.step.bad << " non-finite or wrong-infinity elements";
+    s << "  " << t.name << ": ";
+    if (t.step.bad > 0 && t.step.where < 0)  // no element to measure: every one is wrong
+      s << "every element non-finite or a wrong infinity (" << t.step.bad << ", first at "
+        << index_str(t.shape, t.step.first_bad) << "), tol " << std::scientific << t.tol;
+    else
+      s << "max abs err " << std::scientific << t.step.max_abs << " (plain " << t.plain.max_abs
+        << ", tol " << t.tol << ")";
+    if (t.step.bad > 0 && t.step.where >= 0)
+      s << ", " << t.step.bad << " non-finite or wrong-infinity elements (first at "
+        << index_str(t.shape, t.step.first_bad) << ")";
     s << (t.pass ? "  ok" : "  FAIL") << "\n";
   }
   return s.str();

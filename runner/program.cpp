@@ -1,0 +1,309 @@
+#include "program.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+#include "device.hpp"
+#include "error.hpp"
+#include "memory.hpp"
+#include "npy.hpp"
+#include "report.hpp"
+
+namespace ladder {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string gib(double bytes) {
+  return fmt(bytes / double(1ull << 30), 2) + " GiB";
+}
+
+std::string input_path(const std::string& dir, const char* name) {
+  return (fs::path(dir) / name).string();
+}
+
+// The headers of --load's files: their shapes become the problem's.
+void shapes_from_files(const std::string& dir, Problem& p) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw BadInput("--load " + dir + ": not a directory");
+  const NpyHeader q = read_npy_header(input_path(dir, "q.npy"));
+  const NpyHeader k = read_npy_header(input_path(dir, "k.npy"));
+  const NpyHeader v = read_npy_header(input_path(dir, "v.npy"));
+  auto shape_str = [](const NpyHeader& h) {
+    std::string s = "[";
+    for (size_t i = 0; i < h.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(h.shape[i]);
+    return s + "]";
+  };
+  auto need4 = [&](const NpyHeader& h, const std::string& name, const char* layout) {
+    if (h.shape.size() != 4)
+      throw BadInput(name + " has shape " + shape_str(h) + "; expected 4 dimensions " + layout);
+  };
+  need4(q, "q.npy", "[batch, heads, seq_q, dim]");
+  need4(k, "k.npy", "[batch, heads_kv, seq_k, dim]");
+  need4(v, "v.npy", "[batch, heads_kv, seq_k, dim]");
+  if (k.shape != v.shape)
+    throw BadInput("k.npy " + shape_str(k) + " and v.npy " + shape_str(v) +
+                   " must have the same shape");
+  if (q.shape[0] != k.shape[0])
+    throw BadInput("q.npy and k.npy disagree on batch: " + shape_str(q) + " vs " + shape_str(k));
+  if (q.shape[3] != k.shape[3])
+    throw BadInput("q.npy and k.npy disagree on dim: " + shape_str(q) + " vs " + shape_str(k) +
+                   " (this ladder needs one head dim for Q, K and V)");
+  p.batch = q.shape[0], p.heads = q.shape[1], p.seq_q = q.shape[2], p.dim = q.shape[3];
+  p.heads_kv = k.shape[1], p.seq_k = k.shape[2];
+  if (p.backward) {
+    const NpyHeader d = read_npy_header(input_path(dir, "do.npy"));
+    if (d.shape != q.shape)
+      throw BadInput("do.npy has shape " + shape_str(d) + "; expected q's shape " + shape_str(q));
+  }
+}
+
+// How many query rows per head a sampled check computes (check.cpp picks them).
+int64_t sampled_rows(const Problem& p) {
+  return std::min<int64_t>(p.seq_q, 12);
+}
+
+}  // namespace
+
+Problem resolve_problem(const CommonOptions& o, DType default_dtype) {
+  Problem p = o.p;
+  p.dtype = default_dtype;
+  if (!o.dtype.empty() && !parse_dtype(o.dtype, p.dtype))
+    throw BadInput("--dtype '" + o.dtype + "' is not one of fp64, fp32, fp16, bf16");
+  parse_sparsity(o.block_sparsity, o.block_mask, o.mask_block, p.sparsity);
+  if (!o.load.empty()) {
+    for (CLI::Option* opt : o.shape_opts)
+      if (opt && opt->count())
+        throw BadInput(opt->get_name() +
+                       " cannot be combined with --load: the shapes come from the files");
+    shapes_from_files(o.load, p);
+  } else if (!(o.heads_kv_opt && o.heads_kv_opt->count())) {  // --heads-kv defaults to --heads
+    p.heads_kv = p.heads;
+  }
+  return p;
+}
+
+CheckMode check_options(const CommonOptions& o, const Problem& p) {
+  CheckMode mode;
+  if (!parse_check_mode(o.check, mode))
+    throw BadInput("--check must be auto, full, sampled or none");
+  InputKind kind;
+  if (!parse_input_kind(o.inputs, kind))
+    throw BadInput("--inputs must be normal or large, got '" + o.inputs + "'");
+  const std::string bad = p.validate();
+  if (!bad.empty()) throw BadInput(o.load.empty() ? bad : "--load " + o.load + ": " + bad);
+  std::error_code ec;
+  if (!o.save.empty() && fs::exists(o.save, ec) && !fs::is_directory(o.save, ec))
+    throw BadInput("--save " + o.save + ": exists and is not a directory");
+  if (p.sparsity.kind == BlockSparsity::Kind::file)
+    require_regular_file(p.sparsity.file, "--block-mask");
+  return mode;
+}
+
+Inputs obtain_inputs(const CommonOptions& o, const Problem& p) {
+  Inputs in;
+  if (!o.load.empty()) {
+    in.q = read_npy(input_path(o.load, "q.npy"));
+    in.k = read_npy(input_path(o.load, "k.npy"));
+    in.v = read_npy(input_path(o.load, "v.npy"));
+    if (p.backward) in.dout = read_npy(input_path(o.load, "do.npy"));
+    round_inputs(in, p.dtype);  // what a step of this dtype sees; the oracle sees the same values
+  } else {
+    InputKind kind;
+    parse_input_kind(o.inputs, kind);
+    in = make_inputs(p, kind);
+  }
+  // Checked after rounding: 1e300 is a finite float64 and +inf in fp32.
+  if (const std::string bad = non_finite_input(in); !bad.empty())
+    throw BadInput(
+        "the ladder needs finite inputs (NaN or Inf found): " + bad +
+        (p.dtype == DType::f64 ? "" : " once rounded to " + std::string(dtype_name(p.dtype))));
+  if (p.sparsity.kind == BlockSparsity::Kind::file) {
+    const Tensor t = read_npy(p.sparsity.file, NpyKind::mask);
+    in.mask = block_mask_from(t, p, p.sparsity.file);
+  }
+  return in;
+}
+
+RunOptions resolve_run_options(const Step& s, const CommonOptions& o) {
+  RunOptions r = o.run;
+  const bool gpu = s.device == Device::cuda;
+  r.repeats = o.repeats > 0 ? o.repeats : (gpu ? 20 : 3);
+  r.warmup = o.warmup >= 0 ? o.warmup : (gpu ? 3 : 1);
+  return r;
+}
+
+double host_bytes_needed(const Step& s, const Problem& p, const RunOptions& ro, CheckMode mode,
+                         bool inputs_exist) {
+  const double q = double(p.q_numel()), kv = double(p.kv_numel()), rows = double(p.rows());
+  const double in = q + 2 * kv + (p.backward ? q : 0),
+               out = q + rows + (p.backward ? q + 2 * kv : 0);
+  double bytes = 8 * out + (inputs_exist ? 0 : 8 * in);  // float64 host tensors
+  if (mode != CheckMode::none) {
+    const bool full = mode == CheckMode::full || (mode == CheckMode::automatic &&
+                                                  (p.backward ? 3.5 : 1.0) * p.fwd_flops() <= 4e9);
+    const double r = full ? 1.0 : double(sampled_rows(p)) / double(p.seq_q);
+    // The oracle's and the yardstick's outputs (and the gathered rows of a sampled check), the
+    // yardstick's float dK, dV accumulators, and the oracle's S and P for 256 rows per thread.
+    bytes += (full ? 2 : 3) * 8 * (r * (q + rows) + (p.backward ? r * q + (full ? 2 * kv : 0) : 0));
+    if (p.backward && full) bytes += 8 * kv;
+    bytes += 3 * 8 * 256 * double(p.seq_k) * std::max(1u, std::thread::hardware_concurrency());
+  }
+  if (s.device == Device::cpu)
+    bytes += s.workspace ? s.workspace(p, ro) : 0;
+  else  // the element-type copies made on the way to and from the device, one tensor at a time
+    bytes += 8 * std::max(q, kv) + double(dtype_bytes(p.dtype)) * 2 * std::max(q, kv);
+  return bytes;
+}
+
+double device_bytes_needed(const Step& s, const Problem& p, const RunOptions& ro,
+                           const DeviceInfo& dev) {
+  const double q = double(p.q_numel()), kv = double(p.kv_numel()), rows = double(p.rows());
+  const double elems = 2 * q + 2 * kv + (p.backward ? 2 * q + 2 * kv : 0);
+  return double(dtype_bytes(p.dtype)) * elems + 4 * rows + (s.workspace ? s.workspace(p, ro) : 0) +
+         2.0 * double(dev.l2_bytes);  // time_gpu_ms's L2 flush buffer
+}
+
+RunOptions prepare(const Step& s, const Problem& p, const RunOptions& ro, CheckMode mode,
+                   bool inputs_exist) {
+  if (const std::string bad = p.validate(); !bad.empty()) throw BadInput(bad);
+  if (const std::string why = s.unsupported(p, ro); !why.empty()) throw BadInput(why);
+  RunOptions r = ro;
+  r.variant = s.find_variant(ro.variant)->name;
+  const double host = host_bytes_needed(s, p, r, mode, inputs_exist);
+  const double avail = available_host_bytes();
+  if (host > 0.9 * avail)
+    throw BadInput("this run of " + s.name + " needs about " + gib(host) +
+                   " of host memory (inputs, outputs and the oracle's check); " + gib(avail) +
+                   " are available. Use a smaller problem (or --check sampled / none).");
+  DeviceInfo dev;
+  if (s.device == Device::cuda) {
+    dev = require_device();  // NoDevice: exit 3
+  }
+  if (const std::string why = s.unsupported_on(p, r, dev); !why.empty()) throw BadInput(why);
+  if (s.device == Device::cuda) {
+    const double need = device_bytes_needed(s, p, r, dev);
+    if (need > 0.95 * double(dev.free_bytes))
+      throw BadInput(s.name + " needs about " + gib(need) +
+                     " of device memory (inputs, outputs, workspace and the L2 flush buffer); " +
+                     gib(double(dev.free_bytes)) + " are free on " + dev.name);
+  }
+  const Tiles t = s.tiles_for(p, r, dev);
+  r.tile_q = t.q, r.tile_k = t.k;
+  return r;
+}
+
+CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const RunOptions& ro,
+                       CheckMode mode, Outputs& out) {
+  const RunOptions r = prepare(s, p, ro, mode, true);
+  CheckedRun c;
+  out.poison(p);
+  c.result = s.run(p, in, out, r);
+  c.check = verify(p, in, out, mode);
+  return c;
+}
+
+CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const RunOptions& ro,
+                       CheckMode mode) {
+  Outputs out;
+  CheckedRun c = run_checked(s, p, in, ro, mode, out);
+  c.out = std::move(out);
+  return c;
+}
+
+const std::vector<std::string>& output_names() {
+  static const std::vector<std::string> names = {"o.npy", "lse.npy", "dq.npy", "dk.npy", "dv.npy"};
+  return names;
+}
+
+size_t stage_outputs(NpyWriteSet& set, const std::string& dir, const Outputs& out, bool backward,
+                     bool as_f64) {
+  set.stage(dir, "o.npy", out.o, as_f64);
+  set.stage(dir, "lse.npy", out.lse, as_f64);
+  if (!backward) return 2;
+  set.stage(dir, "dq.npy", out.dq, as_f64);
+  set.stage(dir, "dk.npy", out.dk, as_f64);
+  set.stage(dir, "dv.npy", out.dv, as_f64);
+  return 5;
+}
+
+size_t save_outputs(const std::string& dir, const Outputs& out, bool backward, bool as_f64) {
+  NpyWriteSet set;
+  const size_t n = stage_outputs(set, dir, out, backward, as_f64);
+  set.commit(output_names());
+  return n;
+}
+
+double tflops(const Problem& p, double ms, bool backward, double density) {
+  return ms > 0 ? (backward ? p.bwd_flops(density) : p.fwd_flops(density)) / (ms * 1e9) : 0;
+}
+
+double gbps(const Problem& p, double ms, bool backward) {
+  const int e = dtype_bytes(p.dtype);
+  return ms > 0 ? (backward ? p.bwd_bytes(e) : p.fwd_bytes(e)) / (ms * 1e6) : 0;
+}
+
+int run_step_cli(const Step& s, const CommonOptions& o) {
+  return guarded([&]() -> int {
+    // Everything that can fail on bad input, or for want of a device, fails here, before the
+    // inputs exist: shapes, capabilities, variant, tiles, memory, the device, the --save target.
+    Problem p = resolve_problem(o, s.default_dtype());
+    const CheckMode mode = check_options(o, p);
+    const RunOptions ro = prepare(s, p, resolve_run_options(s, o), mode);
+    const Inputs in = obtain_inputs(o, p);
+
+    std::cout << s.name << " [" << ro.variant << "]: " << p.describe() << "\n";
+    CheckedRun c = run_checked(s, p, in, ro, mode);
+    if (!c.result.config.empty()) std::cout << "  config: " << c.result.config << "\n";
+    std::cout << "  check vs float64 oracle (" << c.check.mode << ")\n" << c.check.summary();
+
+    if (!o.save.empty()) {
+      const size_t n = save_outputs(o.save, c.out, p.backward, o.save_f64);
+      std::cout << "  saved " << n << " files to " << o.save
+                << (o.save_f64 ? " (float64)" : " (float32)") << "\n";
+    }
+    if (!c.check.pass) {
+      std::cout << "FAIL: " << c.check.first_failure()
+                << " (no timing is reported for a failed check)\n";
+      return kExitCheckFailed;
+    }
+    const double density = in.mask.density();
+    auto line = [&](const char* dir, double ms, bool bwd) {
+      std::cout << "  " << dir << "  " << fmt(ms, 3) << " ms  "
+                << fmt(tflops(p, ms, bwd, density), 4) << " TFLOP/s  " << fmt(gbps(p, ms, bwd), 2)
+                << " GB/s  (median of " << ro.repeats << ")\n";
+    };
+    line("forward ", c.result.fwd_ms, false);
+    if (p.backward) line("backward", c.result.bwd_ms, true);
+    if (p.sparsity.active())
+      std::cout << "  block mask density " << fmt(density, 4)
+                << " (TFLOP/s count the kept blocks' FLOPs)\n";
+    std::cout << "  workspace " << fmt_bytes(c.result.workspace_bytes) << "\n";
+    return kExitOk;
+  });
+}
+
+int step_main(const Step& s, int argc, char** argv) {
+  CLI::App app{s.name + " — " + s.summary};
+  std::string variants = "Variants (--variant):";
+  for (const Variant& v : s.variants)
+    variants +=
+        "\n  " + v.name + (&v == &s.variants.front() ? " (default)" : "") + ": " + v.summary;
+  app.footer("Supports: " + s.capabilities_str() +
+             (s.caps.limits.empty() ? "" : "\nLimits: " + s.caps.limits) + "\n" + variants +
+             "\nSizes: every extent < 2^31, tensors <= 2^48 elements, and the host and device "
+             "memory the run and its check need (refused with exit 2 before allocating)."
+             "\nExit status: 0 ok, 1 check against the oracle failed, 2 bad or unsupported input, "
+             "3 no (suitable) CUDA device.");
+  CommonOptions o;
+  add_common_options(app, o);
+  const int rc = parse_or_exit(app, argc, argv);
+  if (rc >= 0) return rc;
+  return run_step_cli(s, o);
+}
+
+}  // namespace ladder

@@ -1,0 +1,86 @@
+// What a step program does, shared by every steps/NN_name/main.cpp and `ladder run N`:
+// resolve the problem; check it against the step's descriptor (exit 2), the machine's memory
+// (exit 2) and the device (exit 3) before anything big is allocated; make or load the inputs;
+// run the step on poisoned outputs; check them against the float64 oracle; save all or
+// nothing; report (a timing only for a run that passed its check).
+#pragma once
+#include <cstddef>
+#include <string>
+
+#include "check.hpp"
+#include "cli.hpp"
+#include "npy.hpp"
+#include "step.hpp"
+
+namespace ladder {
+
+// The problem the options describe, in the step's dtype unless --dtype says otherwise.
+// With --load the shapes come from the files' headers (the data is not read yet).
+// Throws BadInput.
+Problem resolve_problem(const CommonOptions& o, DType default_dtype);
+
+// Checks the options that need no inputs (the --check mode, the shapes, tile overrides, the
+// --save target); returns the check mode. Throws BadInput.
+CheckMode check_options(const CommonOptions& o, const Problem& p);
+
+// Reads q.npy, k.npy, v.npy (and do.npy when p.backward) from dir and the --block-mask file,
+// rounds them to p.dtype and checks that every value is finite after rounding; generates them
+// when there is no --load. Throws BadInput naming the file and what was expected.
+Inputs obtain_inputs(const CommonOptions& o, const Problem& p);
+
+// Repeats and warm-up defaults per device.
+RunOptions resolve_run_options(const Step& s, const CommonOptions& o);
+
+// Everything that can be known before the inputs exist: the problem is one the step supports
+// (capabilities, variant, tiles, limits), the host has the memory the run and its check need,
+// and, for a CUDA step, a device is there (NoDevice, exit 3), is one the step runs on, and has
+// the device memory. Returns the options with the variant and the tiles resolved (what run()
+// sees). Throws BadInput or NoDevice; allocates nothing. `inputs_exist`: the inputs are
+// already in memory (do not count them again).
+RunOptions prepare(const Step& s, const Problem& p, const RunOptions& ro, CheckMode mode,
+                   bool inputs_exist = false);
+
+// Host bytes a run of s on p needs (inputs, outputs, the check's oracle and yardstick, the
+// step's workspace or the device copies) and device bytes for a CUDA step.
+double host_bytes_needed(const Step& s, const Problem& p, const RunOptions& ro, CheckMode mode,
+                         bool inputs_exist);
+double device_bytes_needed(const Step& s, const Problem& p, const RunOptions& ro,
+                           const DeviceInfo& dev);
+
+struct CheckedRun {
+  Outputs out;
+  RunResult result;
+  CheckReport check;
+};
+
+// Writes o.npy, lse.npy (and dq, dk, dv.npy with backward) to dir, all or none; afterwards
+// the folder's output files are exactly these. Returns how many.
+size_t save_outputs(const std::string& dir, const Outputs& out, bool backward, bool as_f64);
+// The same, staged into `set` (for several folders committed together).
+size_t stage_outputs(NpyWriteSet& set, const std::string& dir, const Outputs& out, bool backward,
+                     bool as_f64);
+// The output names a save replaces (what a forward-only save removes when stale).
+const std::vector<std::string>& output_names();
+
+// prepare(), then runs the step on poisoned outputs and verifies them.
+CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const RunOptions& ro,
+                       CheckMode mode);
+
+// The same on caller-owned outputs, for a sweep (ladder bench): `out` is re-poisoned in place
+// (Outputs::poison), so points of one size do not allocate (and page in) fresh output tensors
+// each time. The outputs are left in `out`; the result's out stays empty.
+CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const RunOptions& ro,
+                       CheckMode mode, Outputs& out);
+
+// Achieved rates of a run (by the field's FLOP convention, times the block mask's density, and
+// compulsory bytes).
+double tflops(const Problem& p, double ms, bool backward, double density = 1.0);
+double gbps(const Problem& p, double ms, bool backward);
+
+// The whole step program given parsed options; returns the exit status.
+int run_step_cli(const Step& s, const CommonOptions& o);
+
+// main() of a step program: steps/NN_name/main.cpp calls it with the step's descriptor.
+int step_main(const Step& s, int argc, char** argv);
+
+}  // namespace ladder
