@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <iostream>
 
 #include "error.hpp"
 
@@ -30,7 +31,7 @@ const CLI::Validator& nonzero_finite() {
         const double x = std::strtod(s.c_str(), &end);
         if (s.empty() || *end != '\0' || !std::isfinite(x))
           return "'" + s + "' is not a finite number";
-        if (x == 0.0) return "the scale must be non-zero (leave --scale out for 1/sqrt(dim))";
+        if (x == 0.0) return "must be non-zero (leave --scale out for 1/sqrt(dim))";
         return "";
       },
       "X");
@@ -201,7 +202,8 @@ int parse_or_exit(CLI::App& app, int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
+    // Every refusal reads the same way, whoever found it: "error: ...", exit 2.
+    std::cerr << "error: " << e.what() << "\nRun with --help to see what is accepted.\n";
     return kExitBadInput;
   }
   return -1;

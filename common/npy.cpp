@@ -202,9 +202,16 @@ std::string npy_bytes(const Tensor& t, bool as_f64) {
 }
 
 NpyWriteSet::~NpyWriteSet() {
-  if (committed_) return;
+  if (!committed_) roll_back_staging();
+}
+
+void NpyWriteSet::roll_back_staging() {
   std::error_code ec;
   for (const File& f : files_) fs::remove(f.tmp, ec);
+  for (auto d = created_dirs_.rbegin(); d != created_dirs_.rend(); ++d)
+    fs::remove(*d, ec);  // only folders this set created, and only when empty
+  files_.clear();
+  created_dirs_.clear();
 }
 
 void NpyWriteSet::stage(const std::string& dir, const std::string& name, const Tensor& t,
@@ -212,6 +219,11 @@ void NpyWriteSet::stage(const std::string& dir, const std::string& name, const T
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
     throw BadInput(dir + ": exists and is not a directory");
+  // The folders this set creates, deepest last: a failed set removes them again (if empty).
+  std::vector<std::string> fresh;
+  for (fs::path d = fs::absolute(dir, ec); !d.empty() && !fs::exists(d, ec); d = d.parent_path())
+    fresh.insert(fresh.begin(), d.string());
+  created_dirs_.insert(created_dirs_.end(), fresh.begin(), fresh.end());
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir)) throw BadInput(dir + ": cannot create the output directory");
   File f;
@@ -252,7 +264,7 @@ void NpyWriteSet::commit(const std::vector<std::string>& stale) {
   auto roll_back = [&] {
     for (const File* f : placed) fs::rename(f->final_path, f->tmp, ec);
     for (auto it = aside.rbegin(); it != aside.rend(); ++it) fs::rename(it->second, it->first, ec);
-    for (const File& f : files_) fs::remove(f.tmp, ec);
+    roll_back_staging();
   };
   try {
     for (const File& f : files_) move_aside(f.final_path);

@@ -41,8 +41,9 @@ std::string npy_bytes(const Tensor& t, bool as_f64 = false);
 // into place. Files the set replaces are kept aside until every rename has succeeded, so a
 // failure leaves every folder as it was; `stale` names in a folder that this set does not write
 // (say dq.npy of an earlier backward run next to a forward-only save) are removed on commit, so
-// that afterwards the folder's output files are exactly this set. Only files this object
-// created are ever deleted on failure. Throws BadInput on failure.
+// that afterwards the folder's output files are exactly this set. On failure only what this
+// object created is deleted (its temporaries, and folders it made that are still empty).
+// Throws BadInput on failure.
 class NpyWriteSet {
  public:
   NpyWriteSet() = default;
@@ -58,8 +59,9 @@ class NpyWriteSet {
   struct File {
     std::string tmp, final_path, backup;
   };
+  void roll_back_staging();  // removes the temporaries and the folders this set created
   std::vector<File> files_;
-  std::vector<std::string> dirs_;
+  std::vector<std::string> dirs_, created_dirs_;
   bool committed_ = false;
 };
 

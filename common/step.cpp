@@ -75,6 +75,10 @@ std::string Step::unsupported(const Problem& p, const RunOptions& o) const {
   if (p.sparsity.active() && !caps.block_sparse)
     return "step " + name +
            " does not support block-sparse masks (rungs with them: see `ladder list`)";
+  if ((p.dropout > 0 && !v->dropout) || (p.sparsity.active() && !v->block_sparse))
+    return "variant '" + v->name + "' of step " + name + " has no " +
+           (p.dropout > 0 && !v->dropout ? "dropout" : "block-sparse masks") +
+           " (the default variant '" + variants.front().name + "' has)";
   auto limit = [&](const char* flag, int64_t v, int64_t max) -> std::string {
     if (max > 0 && v > max)
       return "step " + name + " supports " + flag + " up to " + std::to_string(max) + ", got " +
@@ -105,13 +109,21 @@ Tiles Step::tiles_for(const Problem& p, const RunOptions& o, const DeviceInfo& d
   return tiles ? tiles(p, o, dev) : Tiles{};
 }
 
+std::string Step::wrong_device(const DeviceInfo& dev) const {
+  if (device != Device::cuda) return "";
+  const bool low = caps.min_cc > 0 && dev.cc < caps.min_cc;
+  const bool high = caps.max_cc > 0 && dev.cc > caps.max_cc;
+  if (!low && !high) return "";
+  auto cc = [](int x) { return std::to_string(x / 10) + "." + std::to_string(x % 10); };
+  return "step " + name + " runs on GPUs of compute capability " + cc(caps.min_cc) +
+         (caps.max_cc == caps.min_cc ? ""
+          : caps.max_cc              ? " to " + cc(caps.max_cc)
+                                     : " or newer") +
+         " only (this one, " + dev.name + ", is " + cc(dev.cc) + ")";
+}
+
 std::string Step::unsupported_on(const Problem& p, const RunOptions& o,
                                  const DeviceInfo& dev) const {
-  if (device == Device::cuda && caps.min_cc > 0 && dev.cc < caps.min_cc)
-    return "step " + name + " needs a GPU of compute capability " +
-           std::to_string(caps.min_cc / 10) + "." + std::to_string(caps.min_cc % 10) +
-           " (this one, " + dev.name + ", is " + std::to_string(dev.cc / 10) + "." +
-           std::to_string(dev.cc % 10) + ")";
   RunOptions resolved = o;
   if (const Variant* v = find_variant(o.variant)) resolved.variant = v->name;
   try {
@@ -143,7 +155,7 @@ std::string Step::capabilities_str() const {
     s << " (bwd d " << dims_str(caps.backward_head_dims, ",") << ")";
   if (caps.dropout) s << ", dropout";
   if (caps.block_sparse) s << ", block-sparse";
-  if (caps.min_cc > 0) s << ", sm_" << caps.min_cc << "+";
+  if (caps.min_cc > 0) s << ", sm_" << caps.min_cc << (caps.max_cc == caps.min_cc ? " only" : "+");
   return s.str();
 }
 

@@ -27,7 +27,9 @@ struct Capabilities {
   bool block_sparse = false;                // --block-mask / --block-sparsity
   // Limits of the step's index arithmetic and launch grid (0: only the contract's limits).
   int64_t max_batch = 0, max_heads = 0, max_seq = 0;
-  int min_cc = 0;      // CUDA: the lowest compute capability it runs on (90: sm_90a)
+  // CUDA: the compute capabilities it runs on, e.g. 90 and 90 for sm_90a code (which runs on
+  // sm_90 alone); 0: any.
+  int min_cc = 0, max_cc = 0;
   std::string limits;  // anything else a user should know, in words (tiles, workspace)
 };
 
@@ -41,8 +43,9 @@ struct Variant {
   // teaching variants: bf16, d 64 and 128 only). Empty: everything the step supports.
   std::vector<DType> dtypes = {};
   std::vector<int64_t> head_dims = {};
-  // False where a variant has no backward pass although the step has one.
-  bool backward = true;
+  // False where a variant lacks a feature the step has (its backward pass, dropout, block
+  // masks): only some forms of the algorithm are built with it.
+  bool backward = true, dropout = true, block_sparse = true;
 };
 
 struct RunOptions {
@@ -92,8 +95,10 @@ struct Step {
   // Empty if the step (and its variant and tile options) can run p on some machine; else why
   // not, naming what is supported. Needs no device.
   std::string unsupported(const Problem& p, const RunOptions& o = {}) const;
-  // The same for this device: compute capability and tiles that depend on the device.
+  // The same for this device: tiles (and what they imply) that depend on the device.
   std::string unsupported_on(const Problem& p, const RunOptions& o, const DeviceInfo& dev) const;
+  // Empty if the step's code runs on this device (its compute capability), else why not.
+  std::string wrong_device(const DeviceInfo& dev) const;
   // The tiles the run would use on `dev` (Tiles{} for an untiled step); throws BadInput.
   Tiles tiles_for(const Problem& p, const RunOptions& o, const DeviceInfo& dev) const;
   std::string capabilities_str() const;

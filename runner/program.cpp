@@ -183,6 +183,7 @@ RunOptions prepare(const Step& s, const Problem& p, const RunOptions& ro, CheckM
   DeviceInfo dev;
   if (s.device == Device::cuda) {
     dev = require_device();  // NoDevice: exit 3
+    if (const std::string why = s.wrong_device(dev); !why.empty()) throw NoDevice(why);
   }
   if (const std::string why = s.unsupported_on(p, r, dev); !why.empty()) throw BadInput(why);
   if (s.device == Device::cuda) {

@@ -1,5 +1,9 @@
 #include "cases.hpp"
 
+#include <stdexcept>
+
+#include "cli.hpp"
+
 namespace ladder {
 
 namespace {
@@ -17,6 +21,21 @@ Case mk(std::string name, int64_t b, int64_t h, int64_t hkv, int64_t m, int64_t 
   c.p.scale = scale;
   c.p.seed = 1000 + uint64_t(m * 31 + n * 7 + d + h);
   c.kind = kind;
+  return c;
+}
+Case drop(Case c, double p) {
+  c.p.dropout = p;
+  c.p.dropout_seed = 4242;
+  return c;
+}
+Case sparse(Case c, const std::string& spec) {
+  parse_sparsity(spec, "", "", c.p.sparsity);
+  return c;
+}
+Case rows(Case c, std::vector<std::string> mask) {
+  c.p.sparsity.kind = BlockSparsity::Kind::file;
+  c.p.sparsity.file = "(the case's own mask)";
+  c.mask_rows = std::move(mask);
   return c;
 }
 }  // namespace
@@ -56,8 +75,39 @@ const std::vector<Case>& shared_cases() {
       mk("dim128_q65_k130_causal", 1, 2, 2, 65, 130, 128, true),
       mk("dim128_q300_k300", 1, 2, 1, 300, 300, 128, false),
       mk("dim256_q65_k130_causal", 1, 2, 2, 65, 130, 256, true),
+      // Dropout (the same Z in every rung: docs/CONTRACT.md), with masks, GQA and odd lengths.
+      drop(mk("dropout0.1_q113_k203", 1, 2, 2, 113, 203, 64, false), 0.1),
+      drop(mk("dropout0.5_causal_q203_k117_masked_rows", 1, 2, 2, 203, 117, 64, true), 0.5),
+      drop(mk("dropout0.1_gqa4to2_q77_k129_causal", 1, 4, 2, 77, 129, 64, true), 0.1),
+      drop(mk("dropout0.1_dim128_q65_k300", 1, 2, 1, 65, 300, 128, false), 0.1),
+      // Block-sparse masks of 128 x 128 blocks: generated, with empty rows and columns, causal.
+      sparse(mk("sparse_random0.5_q300_k520", 1, 2, 2, 300, 520, 64, false), "random:0.5"),
+      sparse(mk("sparse_local2_causal_q520_k520", 1, 2, 2, 520, 520, 64, true), "local:2"),
+      rows(mk("sparse_empty_rows_and_columns_q300_k400", 1, 2, 2, 300, 400, 64, false),
+           {"0000", "1010", "1010"}),
+      rows(mk("sparse_causal_q400_k300_dim128", 2, 2, 1, 400, 300, 128, true),
+           {"101", "011", "110", "111"}),
+      drop(sparse(mk("sparse_random0.6_dropout0.2_gqa_causal", 1, 4, 2, 300, 300, 128, true),
+                  "random:0.6"),
+           0.2),
   };
   return cases;
+}
+
+Inputs case_inputs(const Case& c, const Problem& p) {
+  Inputs in = make_inputs(p, c.kind);
+  if (!c.mask_rows.empty()) {
+    BlockMask& m = in.mask;
+    m.batch = m.heads = 1;
+    m.block_q = p.sparsity.block_q, m.block_k = p.sparsity.block_k;
+    m.q_blocks = p.q_blocks(), m.k_blocks = p.k_blocks();
+    for (const std::string& row : c.mask_rows)
+      for (char x : row) m.keep.push_back(x == '1');
+    if (int64_t(c.mask_rows.size()) != m.q_blocks ||
+        int64_t(m.keep.size()) != m.q_blocks * m.k_blocks)
+      throw std::logic_error("case " + c.name + ": its mask rows do not fit the problem");
+  }
+  return in;
 }
 
 }  // namespace ladder

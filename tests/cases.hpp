@@ -15,7 +15,14 @@ struct Case {
   std::string name;
   Problem p;  // dtype and backward are set per step by the harness
   InputKind kind = InputKind::normal;
+  // An explicit block mask shared by every batch and head: one string of '0'/'1' per query
+  // block (p.sparsity.kind is then `file`, its block p.sparsity.block_q x block_k). Empty: the
+  // problem's own (none, or a generated random/local mask).
+  std::vector<std::string> mask_rows = {};
 };
+
+// The inputs of a case: generated from its problem, with its explicit mask if it has one.
+Inputs case_inputs(const Case& c, const Problem& p);
 
 const std::vector<Case>& shared_cases();
 

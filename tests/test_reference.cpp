@@ -1,4 +1,4 @@
-// The oracle (steps/00_cpu_reference) checked without trusting it:
+// The oracle (reference/oracle.cpp, step 00) checked without trusting it:
 //  - its forward against a brute-force triple loop in long double written here, no Eigen;
 //  - its gradients against central finite differences of L = sum(O o G), where G is dO;
 //  - plain_attention, the yardstick of the harness's tolerance, against the oracle: small
@@ -7,13 +7,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "dropout.hpp"
 #include "inputs.hpp"
-#include "problem.hpp"
 #include "oracle.hpp"
+#include "problem.hpp"
 #include "test_util.hpp"
 
 using namespace ladder;
@@ -30,10 +32,18 @@ struct Forward {
   int64_t masked_rows = 0;
 };
 
+// Whether key j is visible to query i of head (b, h) beyond the causal rule (the block mask),
+// and dropout's Z_ij; the defaults: everything visible, nothing dropped.
+struct Extras {
+  std::function<bool(int64_t, int64_t, int64_t, int64_t)> visible;
+  std::function<bool(int64_t, int64_t, int64_t, int64_t)> keep;
+  LD keep_scale = 1;
+};
+
 // Attention straight from the definition, in long double, one (batch, head, query) at a
 // time. Deliberately shares nothing with the oracle: its own indexing, mask and scale.
 Forward brute_forward(const Problem& p, const std::vector<LD>& q, const std::vector<LD>& k,
-                      const std::vector<LD>& v) {
+                      const std::vector<LD>& v, const Extras& x = {}) {
   const int64_t B = p.batch, H = p.heads, Hkv = p.heads_kv, M = p.seq_q, N = p.seq_k, d = p.dim;
   const LD scale = p.scale != 0 ? LD(p.scale) : 1.0L / std::sqrt(LD(d));
   Forward f;
@@ -48,6 +58,7 @@ Forward brute_forward(const Problem& p, const std::vector<LD>& q, const std::vec
         LD m = -std::numeric_limits<LD>::infinity();
         for (int64_t j = 0; j < N; ++j) {
           if (p.causal && j > i + N - M) continue;  // bottom-right: j visible iff j <= i + N - M
+          if (x.visible && !x.visible(b, h, i, j)) continue;
           LD dot = 0;
           for (int64_t c = 0; c < d; ++c)
             dot += q[size_t(row * d + c)] * k[size_t(((b * Hkv + hk) * N + j) * d + c)];
@@ -62,10 +73,13 @@ Forward brute_forward(const Problem& p, const std::vector<LD>& q, const std::vec
         LD l = 0;
         for (int64_t j = 0; j < N; ++j) {
           if (p.causal && j > i + N - M) continue;
+          if (x.visible && !x.visible(b, h, i, j)) continue;
           const LD e = std::exp(s[size_t(j)] - m);
-          l += e;
+          l += e;  // the softmax's sum counts every visible key, dropped or not
+          if (x.keep && !x.keep(b, h, i, j)) continue;
           for (int64_t c = 0; c < d; ++c)
-            f.o[size_t(row * d + c)] += e * v[size_t(((b * Hkv + hk) * N + j) * d + c)];
+            f.o[size_t(row * d + c)] +=
+                e * x.keep_scale * v[size_t(((b * Hkv + hk) * N + j) * d + c)];
         }
         for (int64_t c = 0; c < d; ++c) f.o[size_t(row * d + c)] /= l;
         f.lse[size_t(row)] = m + std::log(l);
@@ -295,5 +309,106 @@ TEST_CASE("plain_attention: rows with no visible key", "[reference]") {
     }
     for (const Tensor* g : {&got.dk, &got.dv})
       for (double x : g->data) CHECK(std::isfinite(x));
+  }
+}
+
+namespace {
+// The block mask of a problem, as the brute force sees it: from the mask's bytes directly.
+Extras extras_of(const Problem& p, const Inputs& in) {
+  Extras x;
+  if (!in.mask.empty())
+    x.visible = [&in](int64_t b, int64_t h, int64_t i, int64_t j) {
+      return in.mask.at(b, h, i / in.mask.block_q, j / in.mask.block_k);
+    };
+  if (p.dropout > 0) {
+    const uint32_t t = dropout::threshold(p.dropout);
+    x.keep = [p, t](int64_t b, int64_t h, int64_t i, int64_t j) {
+      return dropout::keep(p.dropout_seed, t, b, h, i, j);
+    };
+    x.keep_scale = 1.0L / (1.0L - LD(p.dropout));
+  }
+  return x;
+}
+}  // namespace
+
+TEST_CASE("oracle with block masks and dropout: forward and finite-difference gradients",
+          "[reference]") {
+  struct C {
+    const char* name;
+    Problem p;
+  };
+  auto with = [](Problem p, double dropout, BlockSparsity::Kind kind, double rho, int64_t width,
+                 int64_t block) {
+    p.dropout = dropout, p.dropout_seed = 77;
+    p.sparsity.kind = kind, p.sparsity.density = rho, p.sparsity.width = width;
+    p.sparsity.block_q = p.sparsity.block_k = block;
+    return p;
+  };
+  using K = BlockSparsity::Kind;
+  const std::vector<C> cases = {
+      {"dropout 0.3, GQA 2->1 causal 5x9 d3",
+       with(testing::problem(1, 2, 1, 5, 9, 3, true, 3), 0.3, K::none, 1, 0, 128)},
+      {"random:0.5 blocks of 2, 7x6 d3 (empty block rows)",
+       with(testing::problem(2, 2, 2, 7, 6, 3, false, 5), 0.0, K::random, 0.5, 0, 2)},
+      {"local:2 blocks of 3, causal 9x9, dropout 0.5",
+       with(testing::problem(1, 2, 2, 9, 9, 2, true, 6), 0.5, K::local, 1, 2, 3)},
+  };
+  for (const C& c : cases) {
+    Problem p = c.p;
+    p.backward = true;
+    INFO(c.name << ": " << p.describe());
+    const Inputs in = make_inputs(p);
+    const Extras extras = extras_of(p, in);
+    Outputs out = Outputs::poisoned(p);
+    reference::attention(p, in, out);
+    std::vector<LD> x[3] = {widen(in.q), widen(in.k), widen(in.v)};
+    const Forward want = brute_forward(p, x[0], x[1], x[2], extras);
+    CHECK(rel_error(out.o.data, want.o) <= 1e-12);
+    CHECK(rel_error(out.lse.data, want.lse) <= 1e-12);
+
+    const std::vector<LD> G = widen(in.dout);
+    auto loss = [&] {
+      const Forward f = brute_forward(p, x[0], x[1], x[2], extras);
+      LD L = 0;
+      for (size_t e = 0; e < G.size(); ++e) L += f.o[e] * G[e];
+      return L;
+    };
+    const Tensor* grads[3] = {&out.dq, &out.dk, &out.dv};
+    for (int t = 0; t < 3; ++t) {
+      INFO("gradient " << t);
+      std::vector<LD> fd(x[t].size());
+      for (size_t e = 0; e < x[t].size(); ++e) {
+        const LD x0 = x[t][e], h = 1e-5L * std::max(LD(1), std::fabs(x0));
+        x[t][e] = x0 + h;
+        const LD up = loss();
+        x[t][e] = x0 - h;
+        const LD down = loss();
+        x[t][e] = x0;
+        fd[e] = (up - down) / (2 * h);
+      }
+      CHECK(rel_error(grads[t]->data, fd) <= 1e-7);
+      CHECK(max_abs_of(grads[t]->data) > 1e-2);
+    }
+  }
+}
+
+TEST_CASE("the yardstick agrees with the oracle on masks and dropout", "[reference]") {
+  Problem p = testing::problem(1, 2, 1, 40, 70, 16, true, 12);
+  p.dtype = DType::f32, p.backward = true, p.dropout = 0.25, p.dropout_seed = 3;
+  p.sparsity.kind = BlockSparsity::Kind::random, p.sparsity.density = 0.6;
+  p.sparsity.block_q = p.sparsity.block_k = 16;
+  const Inputs in = make_inputs(p);
+  Outputs ref = Outputs::poisoned(p), plain = Outputs::poisoned(p);
+  reference::attention(p, in, ref);
+  reference::plain_attention(p, in, DType::f32, plain);
+  for (auto [a, b] : {std::pair{&plain.o, &ref.o},
+                      {&plain.dq, &ref.dq},
+                      {&plain.dk, &ref.dk},
+                      {&plain.dv, &ref.dv}}) {
+    double worst = 0;
+    for (size_t e = 0; e < a->data.size(); ++e)
+      worst = std::max(worst, std::fabs(a->data[e] - b->data[e]));
+    CHECK(worst < 1e-4);  // float32 sums against float64: small, and not zero
+    CHECK(worst > 0);
   }
 }

@@ -4,6 +4,7 @@
 # without it the CPU rungs build, test and run on their own.
 #   tools/bootstrap.sh            # install + configure + build
 #   BUILD_DIR=out tools/bootstrap.sh
+#   LADDER_CMAKE_ARGS="-DLADDER_WERROR=ON" tools/bootstrap.sh   # extra CMake options (CI)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
@@ -22,6 +23,7 @@ fi
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+# shellcheck disable=SC2086
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${LADDER_CMAKE_ARGS:-} >/dev/null
 cmake --build "$build" -j "$(nproc)"
 echo "bootstrap: built in $build ($(command -v nvcc >/dev/null && echo 'with CUDA rungs' || echo 'CPU rungs only: no CUDA toolkit'))"

@@ -1,18 +1,26 @@
 #!/usr/bin/env python3
 """Figures and the README's results table, regenerated from the results files.
 
-  python3 tools/figures.py
+  python3 tools/figures.py [--results DIR] [--figures DIR] [--readme FILE]
 
-reads notes/results/*.csv (one per GPU, written by `ladder bench --csv` and the PyTorch peers
-of shared/bench/peers.py --csv; schema in LADDER.md) and writes, for each file <gpu>.csv:
-  notes/figures/<gpu>_tflops_<dtype>.svg|png  TFLOP/s against sequence length, each rung next
-                                             to the PyTorch peers of the same dtype
-  notes/figures/<gpu>_roofline.svg|png        every GPU rung and peer under the H100 ceilings
-  notes/figures/<gpu>_workspace.svg|png       workspace bytes against sequence length
-and the table between <!-- results:begin --> and <!-- results:end --> in README.md. With no
-results yet it writes that in the README and exits 0. Nothing here is typed by hand: every
-number comes from the CSV files.
-The figures need matplotlib (Debian: python3-matplotlib); the README table does not.
+reads the results files DIR/*.csv (default notes/results; one per GPU, written by `ladder bench
+--csv` and tools/peers.py --csv; schema in docs/CONTRACT.md, with or without the columns
+dropout,density: rows without them are dense and without dropout), the measured ceilings
+DIR/ceilings.csv (written by tools/ceilings.cu) and, where present, the rung-07 trace
+DIR/<gpu>-trace-07.csv, and writes, for each results file <gpu>.csv:
+  <gpu>_tflops_<dtype>.svg|png  TFLOP/s against sequence length, each rung next to the PyTorch
+                                peers of the same dtype, under the measured compute ceilings
+  <gpu>_roofline.svg|png        every GPU rung and peer under the measured ceilings
+  <gpu>_workspace.svg|png       workspace bytes against sequence length
+  <gpu>_sparsity.svg|png        time against block density: block-sparse rungs and torch-flex
+  <gpu>_dropout.svg|png         TFLOP/s with dropout over TFLOP/s without, same shape
+  <gpu>_timeline_<variant>.svg|png  the rung-07 trace: one row per warp, one bar per phase
+into the figures folder (default notes/figures), and the table between <!-- results:begin -->
+and <!-- results:end --> in the README. The first three figures and the table use the dense rows
+without dropout. A ceiling is the newest row (the last in the file) of that name for the results
+file's GPU; with none, no ceiling line is drawn and the figure says so. With no results yet it
+writes that in the README and exits 0. Nothing here is typed by hand: every number comes from
+the CSV files. The figures need matplotlib (Debian: python3-matplotlib); the README table does not.
 """
 import argparse
 import csv
@@ -27,12 +35,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 COLUMNS = ("step,dtype,batch,heads,heads_kv,seq_q,seq_k,dim,causal,direction,ms,tflops,gbps,"
            "workspace_bytes,gpu,cuda,commit").split(",")
+# Added later to the schema: rows of older files have no dropout and are dense.
+OPTIONAL_COLUMNS = {"dropout": 0.0, "density": 1.0}
+CEILINGS_FILE = "ceilings.csv"
+CEILING_COLUMNS = "gpu,cuda,commit,ceiling,value,unit,method".split(",")
+TRACE_COLUMNS = "variant,warp,role,phase,tile,t0_ns,t1_ns".split(",")
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
-
-# The H100 SXM ceilings of LADDER.md, measured there (not datasheet numbers).
-FP32_FFMA_TFLOPS = 51.0  # fp32 GEMM without TF32
-MMA_BF16_TFLOPS = 626.0  # mma.sync m16n8k16, bf16 in, fp32 accumulate
-HBM_TBPS = 3.0  # device-to-device copy
 
 # flash-attention's benchmark shapes: B*N = 16384 tokens, H*d = 2048.
 TOKENS, HIDDEN = 16384, 2048
@@ -46,17 +54,27 @@ PEER_STYLE = {  # colour, line style
     "torch-cudnn": ("#6b6b6b", "-."),
     "torch-efficient": ("#8c564b", ":"),
     "torch-math": ("#9467bd", (0, (1, 3))),
+    "torch-flex": ("#2f4b7c", (0, (5, 2, 1, 2))),
 }
 RUNG_COLOR = {"00": "#7f7f7f", "01": "#bcbd22", "02": "#17becf", "03": "#d62728",
-              "04": "#ff7f0e", "05": "#2ca02c", "06": "#1f77b4"}
+              "04": "#ff7f0e", "05": "#2ca02c", "06": "#1f77b4", "07": "#d81b60"}
 
 
 class Row:
-    __slots__ = COLUMNS
+    __slots__ = COLUMNS + list(OPTIONAL_COLUMNS)
 
     def key(self):
         return (self.step, self.dtype, self.batch, self.heads, self.heads_kv, self.seq_q,
-                self.seq_k, self.dim, self.causal, self.direction)
+                self.seq_k, self.dim, self.causal, self.direction, self.dropout, self.density)
+
+    def shape(self):
+        return (self.dtype, self.batch, self.heads, self.heads_kv, self.seq_q, self.seq_k,
+                self.dim, self.causal)
+
+    @property
+    def plain(self):
+        """Dense and without dropout: the rows of the first figures and the README table."""
+        return self.dropout == 0 and self.density == 1
 
     @property
     def peer(self):
@@ -86,6 +104,13 @@ def parse_row(d):
         setattr(r, c, v)
     for c in ("gpu", "cuda", "commit"):
         setattr(r, c, (d.get(c) or "-").strip() or "-")
+    for c, default in OPTIONAL_COLUMNS.items():
+        text = (d.get(c) or "").strip()
+        setattr(r, c, float(text) if text else default)
+    if not 0 <= r.dropout < 1:
+        raise ValueError(f"dropout = {r.dropout:g}")
+    if not 0 <= r.density <= 1:
+        raise ValueError(f"density = {r.density:g}")
     return r
 
 
@@ -112,6 +137,55 @@ def load(path, latest=True):
             rows.pop(r.key(), None)  # re-insert: keeps file order for the newest row
             rows[r.key()] = r
     return list(rows.values())
+
+
+class Ceiling:
+    __slots__ = ("name", "value", "unit", "commit", "method")
+
+    def __init__(self, name, value, unit, commit, method):
+        self.name, self.value, self.unit, self.commit, self.method = (name, value, unit, commit,
+                                                                      method)
+
+
+def load_ceilings(path):
+    """{gpu: {ceiling name: Ceiling}} from the ceilings file: for each GPU and ceiling the last
+    row with a number (rows are appended, so the last is the newest commit's; a value of '-'
+    is a ceiling that run could not measure, e.g. wgmma in a build without sm_90a)."""
+    if not path.is_file():
+        return {}
+    out = defaultdict(dict)
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in CEILING_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            print(f"figures: {path}: skipped, missing columns {', '.join(missing)}",
+                  file=sys.stderr)
+            return {}
+        for d in reader:
+            try:
+                value = float(d["value"])
+            except (TypeError, ValueError):
+                continue
+            if math.isfinite(value) and value > 0:
+                name = d["ceiling"].strip()
+                out[d["gpu"].strip()][name] = Ceiling(name, value, d["unit"].strip(),
+                                                      (d["commit"] or "-").strip(),
+                                                      (d["method"] or "").strip())
+    return dict(out)
+
+
+def ceilings_for(all_ceilings, rows):
+    """The ceilings of the GPU a results file's GPU rows were measured on."""
+    for gpu in unique(r.gpu for r in rows):
+        if gpu in all_ceilings:
+            return all_ceilings[gpu]
+    return {}
+
+
+def ceiling_source(ceil):
+    commits = unique(c.commit for c in ceil.values())
+    return (f"ceilings measured on this GPU by tools/ceilings.cu (commit {', '.join(commits)})"
+            if ceil else "no ceilings measured for this GPU (tools/ceilings.cu): none drawn")
 
 
 def rung_names():
@@ -180,7 +254,7 @@ def legend_right(fig, ax, handles, labels, markers=None):
                fontsize=9)
 
 
-def fig_tflops(plt, rows, gpu, tag, out_dir, names, written):
+def fig_tflops(plt, rows, gpu, tag, out_dir, names, written, ceil):
     """(a) TFLOP/s against seq, one panel per (direction, d, causal), per dtype."""
     flash = [r for r in rows if r.flash_shape and r.tflops > 0]
     for dtype in sorted({r.dtype for r in flash}, key=lambda t: ("fp32", "bf16", "fp16").index(t)
@@ -196,8 +270,13 @@ def fig_tflops(plt, rows, gpu, tag, out_dir, names, written):
         lo = min(r.tflops for r in sel)
         hi = max(r.tflops for r in sel)
         log_y = hi / lo > 100  # CPU rungs next to GPU ones: only a log axis shows both
-        ceiling = (FP32_FFMA_TFLOPS, "fp32 FFMA") if dtype == "fp32" else (
-            (MMA_BF16_TFLOPS, "mma.sync") if dtype in ("bf16", "fp16") else None)
+        # The compute ceilings of this dtype's instructions: FFMA for fp32; mma.sync (rungs
+        # 06 and below) and wgmma (rung 07) for 16 bit. wgmma is measured in bf16 only, so the
+        # fp16 figure's wgmma line says bf16.
+        wanted = {"fp32": [("fp32_ffma", "fp32 FFMA")],
+                  "bf16": [("mma_sync_bf16", "mma.sync"), ("wgmma_bf16", "wgmma bf16")],
+                  "fp16": [("mma_sync_fp16", "mma.sync"), ("wgmma_bf16", "wgmma bf16")]}
+        ceilings = [(ceil[n].value, what) for n, what in wanted.get(dtype, []) if n in ceil]
         handles = {}
         for i, direction in enumerate(dirs):
             for j, (dim, causal) in enumerate(combos):
@@ -208,14 +287,18 @@ def fig_tflops(plt, rows, gpu, tag, out_dir, names, written):
                         pts[r.step].append((r.seq_q, r.tflops))
                 for step in sorted(pts, key=order):
                     xy = sorted(pts[step])
+                    st = style(step)
+                    if len(xy) == 1 and st["marker"] is None:  # a lone point needs a marker
+                        st.update(marker="s", markersize=4, markerfacecolor="white")
                     (h,) = ax.plot([x for x, _ in xy], [y for _, y in xy],
-                                   label=label(step, names), **style(step))
+                                   label=label(step, names), **st)
                     handles.setdefault(step, h)
-                if ceiling:
-                    ax.axhline(ceiling[0], color="#999999", lw=0.8)
-                    ax.text(seqs[0], ceiling[0] * (1.12 if log_y else 0.97),
-                            f"{ceiling[1]} ceiling {ceiling[0]:g}", fontsize=7, color="#777777",
-                            va="bottom" if log_y else "top")
+                for n, (value, what) in enumerate(ceilings):
+                    # The first label on the left, a second on the right: close values apart.
+                    ax.axhline(value, color="#999999", lw=0.8)
+                    ax.text(seqs[0] if n == 0 else seqs[-1], value * (1.12 if log_y else 0.97),
+                            f"{what} ceiling {value:g}", fontsize=7, color="#777777",
+                            va="bottom" if log_y else "top", ha="left" if n == 0 else "right")
                 seq_ticks(ax, seqs)
                 if log_y:
                     ax.set_yscale("log")
@@ -231,15 +314,18 @@ def fig_tflops(plt, rows, gpu, tag, out_dir, names, written):
         steps = sorted(handles, key=order)
         legend_right(fig, axes[0][0], [handles[s] for s in steps],
                      [label(s, names) for s in steps])
-        fig.suptitle(f"{gpu}: {dtype} attention, rungs (solid) and PyTorch SDPA (dashed)\n"
+        note = "" if ceil else f"\n{ceiling_source(ceil)}"
+        peers = ("PyTorch SDPA and FlexAttention" if any(r.step == "torch-flex" for r in sel)
+                 else "PyTorch SDPA")
+        fig.suptitle(f"{gpu}: {dtype} attention, rungs (solid) and {peers} (dashed)\n"
                      f"flash-attention shapes: B·N = {TOKENS}, H·d = {HIDDEN}; "
-                     "fwd FLOPs 4·B·H·N²·d (halved when causal), bwd 2.5× fwd", fontsize=10)
+                     f"fwd FLOPs 4·B·H·N²·d (halved when causal), bwd 2.5× fwd{note}", fontsize=10)
         fig.tight_layout()
         save(fig, out_dir, f"{tag}_tflops_{dtype}", written)
         plt.close(fig)
 
 
-def fig_roofline(plt, rows, gpu, tag, out_dir, names, written):
+def fig_roofline(plt, rows, gpu, tag, out_dir, names, written, ceil):
     """(b) each GPU rung and peer by arithmetic intensity (FLOPs / compulsory bytes)."""
     sel = [r for r in rows if r.flash_shape and not r.causal and r.gbps > 0 and r.tflops > 0 and
            r.step not in CPU_RUNGS]
@@ -254,19 +340,26 @@ def fig_roofline(plt, rows, gpu, tag, out_dir, names, written):
     dirs = [d for d in ("fwd", "bwd") if any(r.direction == d for r in sel)]
     fig, axes = plt.subplots(1, len(dirs), squeeze=False, figsize=(6.2 * len(dirs) + 1.5, 5.0))
     ai_all = [1e3 * r.tflops / r.gbps for r in sel]  # TFLOP/s / (GB/s) * 1e3 = FLOP/byte
-    x_lo = min(ai_all + [FP32_FFMA_TFLOPS / HBM_TBPS]) / 3
-    x_hi = max(ai_all + [MMA_BF16_TFLOPS / HBM_TBPS]) * 3
+    hbm = ceil["hbm_copy"].value if "hbm_copy" in ceil else None
+    peaks = [(ceil[n].value, what) for n, what in (
+        ("fp32_ffma", "fp32 FFMA"), (f"mma_sync_{half}", f"mma.sync {half}"),
+        ("wgmma_bf16", "wgmma bf16")) if n in ceil]
+    ridges = [p / hbm for p, _ in peaks] if hbm else []  # where each roof meets the slope
+    x_lo = min(ai_all + ridges) / 3
+    x_hi = max(ai_all + ridges) * 3
     dims = sorted({r.dim for r in sel})
     markers = {d: "osD^v<>"[i % 7] for i, d in enumerate(dims)}
     handles = {}
     for ax, direction in zip(axes[0], dirs):
-        # Ceilings: bandwidth HBM_TBPS * AI up to each compute peak.
-        xs = [x_lo, MMA_BF16_TFLOPS / HBM_TBPS]
-        ax.plot(xs, [HBM_TBPS * x for x in xs], color="#444444", lw=1)
-        ax.text(x_lo * 1.3, HBM_TBPS * x_lo * 1.3 * 1.25, f"HBM {HBM_TBPS:g} TB/s",
-                rotation=0, fontsize=8, color="#444444")
-        for peak, what in ((FP32_FFMA_TFLOPS, "fp32 FFMA"), (MMA_BF16_TFLOPS, "mma.sync bf16")):
-            ax.plot([peak / HBM_TBPS, x_hi], [peak, peak], color="#444444", lw=1)
+        # Ceilings: bandwidth hbm * AI up to the highest compute peak, each peak flat from
+        # where it meets that slope (from the left edge when no bandwidth was measured).
+        if hbm:
+            xs = [x_lo, max(ridges) if ridges else x_hi]
+            ax.plot(xs, [hbm * x for x in xs], color="#444444", lw=1)
+            ax.text(x_lo * 1.3, hbm * x_lo * 1.3 * 1.25, f"HBM {hbm:g} TB/s",
+                    rotation=0, fontsize=8, color="#444444")
+        for peak, what in peaks:
+            ax.plot([peak / hbm if hbm else x_lo, x_hi], [peak, peak], color="#444444", lw=1)
             ax.text(x_hi / 1.1, peak * 1.08, f"{what} {peak:g} TFLOP/s", ha="right",
                     fontsize=8, color="#444444")
         series = defaultdict(list)
@@ -284,7 +377,8 @@ def fig_roofline(plt, rows, gpu, tag, out_dir, names, written):
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlim(x_lo, x_hi)
-        ax.set_ylim(bottom=min(r.tflops for r in sel) / 3, top=MMA_BF16_TFLOPS * 2)
+        ax.set_ylim(bottom=min(r.tflops for r in sel) / 3,
+                    top=max([r.tflops for r in sel] + [p for p, _ in peaks]) * 2)
         ax.grid(True, which="major", alpha=0.3)
         ax.set_title(f"{direction} (not causal)", fontsize=9)
         ax.set_xlabel("arithmetic intensity, FLOPs / compulsory HBM bytes")
@@ -292,10 +386,9 @@ def fig_roofline(plt, rows, gpu, tag, out_dir, names, written):
     keys = sorted(handles, key=lambda k: (order(k[0]), k[1]))
     labels = [f"{label(s, names)} ({t})" for s, t in keys]
     legend_right(fig, axes[0][0], [handles[k] for k in keys], labels, markers)
-    fig.suptitle(f"{gpu}: roofline (ceilings measured on an H100 SXM), flash-attention "
-                 f"shapes, seq {min(r.seq_q for r in sel)}…{max(r.seq_q for r in sel)} "
-                 f"left to right\nfilled: ladder rungs; open: PyTorch SDPA; fp32 and {half}",
-                 fontsize=10)
+    fig.suptitle(f"{gpu}: roofline, flash-attention shapes, seq {min(r.seq_q for r in sel)}…"
+                 f"{max(r.seq_q for r in sel)} left to right\nfilled: ladder rungs; open: "
+                 f"PyTorch SDPA; fp32 and {half}; {ceiling_source(ceil)}", fontsize=10)
     fig.tight_layout()
     save(fig, out_dir, f"{tag}_roofline", written)
     plt.close(fig)
@@ -368,6 +461,211 @@ def fig_workspace(plt, rows, gpu, tag, out_dir, names, written):
     plt.close(fig)
 
 
+def shape_title(r):
+    """A panel's title: the shape, B and H only where they are not the flash-attention ones."""
+    bh = "" if r.flash_shape else f"B = {r.batch}, H = {r.heads}, "
+    seq = f"N = {r.seq_q}" if r.seq_q == r.seq_k else f"M = {r.seq_q}, N = {r.seq_k}"
+    return f"{r.dtype}, {bh}{seq}, d = {r.dim}, {'causal' if r.causal else 'not causal'}"
+
+
+def fig_sparsity(plt, rows, gpu, tag, out_dir, names, written):
+    """(d) time against block density: the block-sparse rungs and torch-flex at the same shapes,
+    with each series' dense time (density 1) where measured; the dotted line from it to the
+    origin is time proportional to the blocks computed."""
+    sparse = [r for r in rows if not r.peer and r.step not in CPU_RUNGS and r.density < 1 and
+              r.dropout == 0]
+    if not sparse:
+        return
+    steps = {r.step for r in sparse} | {"torch-flex"}
+    shapes = sorted({r.shape() for r in sparse})
+    sel = [r for r in rows if r.dropout == 0 and r.step in steps and r.shape() in shapes]
+    dirs = [d for d in ("fwd", "bwd") if any(r.direction == d for r in sel)]
+    fig, axes = plt.subplots(len(dirs), len(shapes), squeeze=False,
+                             figsize=(3.8 * len(shapes) + 1.8, 3.2 * len(dirs) + 0.8))
+    handles = {}
+    for i, direction in enumerate(dirs):
+        for j, shape in enumerate(shapes):
+            ax = axes[i][j]
+            series = defaultdict(list)
+            for r in sel:
+                if r.direction == direction and r.shape() == shape:
+                    series[r.step].append((r.density, r.ms))
+            for step in sorted(series, key=order):
+                pts = sorted(series[step])
+                st = style(step)
+                (h,) = ax.plot([x for x, _ in pts], [y for _, y in pts], color=st["color"],
+                               linestyle=st["linestyle"], marker="o" if not step.startswith(
+                                   "torch-") else "s", markersize=4,
+                               markerfacecolor="white" if step in PEER_STYLE else st["color"])
+                handles.setdefault(step, h)
+                if pts[-1][0] == 1:
+                    ax.plot([0, 1], [0, pts[-1][1]], color=st["color"], lw=0.7, linestyle=":")
+            ax.set_xlim(0, 1.04)
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.3)
+            example = next(r for r in sel if r.shape() == shape)
+            ax.set_title(f"{direction}, {shape_title(example)}", fontsize=8)
+            if j == 0:
+                ax.set_ylabel("time, ms")
+            if i == len(dirs) - 1:
+                ax.set_xlabel("block density (kept blocks / all)")
+    keys = sorted(handles, key=order)
+    legend_right(fig, axes[0][0], [handles[k] for k in keys], [label(k, names) for k in keys])
+    fig.suptitle(f"{gpu}: block-sparse attention, time against the density of the block mask\n"
+                 "filled: ladder rungs; open: FlexAttention on the same mask; dotted: time "
+                 "proportional to the blocks computed, from the dense time", fontsize=10)
+    fig.tight_layout()
+    save(fig, out_dir, f"{tag}_sparsity", written)
+    plt.close(fig)
+
+
+def fig_dropout(plt, rows, history, gpu, tag, out_dir, names, written):
+    """(e) the dropout overhead: each GPU rung's and peer's TFLOP/s with dropout p over its own
+    TFLOP/s without dropout at the same shape (measured in the same GPU call where there is
+    such a row, else the latest), against seq."""
+    drop = [r for r in rows if r.dropout > 0 and r.density == 1 and r.tflops > 0 and
+            (r.peer or r.step not in CPU_RUNGS)]
+    points = defaultdict(list)  # (direction, dim, causal) -> [(series, seq, ratio)]
+    for r in drop:
+        key = r.key()[:-2] + (0.0, r.density)
+        base = [h for h in history if h.key() == key and h.tflops > 0]
+        same = [h for h in base if h.commit == r.commit]
+        if not (same or base):
+            continue
+        b = (same or base)[-1]
+        points[(r.direction, r.dim, r.causal)].append(((r.step, r.dtype, r.dropout), r.seq_q,
+                                                       r.tflops / b.tflops))
+    if not points:
+        return
+    dirs = [d for d in ("fwd", "bwd") if any(k[0] == d for k in points)]
+    combos = sorted({k[1:] for k in points})
+    seqs = sorted({s for pts in points.values() for _, s, _ in pts})
+    fig, axes = plt.subplots(len(dirs), len(combos), squeeze=False, sharex=True, sharey=True,
+                             figsize=(3.6 * len(combos) + 2.2, 3.0 * len(dirs) + 0.8))
+    dropouts = sorted({k[2] for pts in points.values() for k, _, _ in pts})
+    markers = {p: "osD^v<>"[i % 7] for i, p in enumerate(dropouts)}
+    handles = {}
+    for i, direction in enumerate(dirs):
+        for j, (dim, causal) in enumerate(combos):
+            ax = axes[i][j]
+            series = defaultdict(list)
+            for k, seq, ratio in points.get((direction, dim, causal), []):
+                series[k].append((seq, ratio))
+            for k in sorted(series, key=lambda k: (order(k[0]), k[1], k[2])):
+                pts = sorted(series[k])
+                st = style(k[0])
+                (h,) = ax.plot([x for x, _ in pts], [y for _, y in pts], color=st["color"],
+                               linestyle=st["linestyle"], marker=markers[k[2]], markersize=4,
+                               markerfacecolor="white" if k[0] in PEER_STYLE else st["color"])
+                handles.setdefault(k[:2], h)
+            ax.axhline(1.0, color="#999999", lw=0.8)
+            seq_ticks(ax, seqs)
+            ax.grid(True, which="major", alpha=0.3)
+            ax.set_title(f"{direction}, d = {dim}, {'causal' if causal else 'not causal'}",
+                         fontsize=9)
+            if j == 0:
+                ax.set_ylabel("TFLOP/s with dropout / without")
+            if i == len(dirs) - 1:
+                ax.set_xlabel("sequence length N")
+    keys = sorted(handles, key=lambda k: (order(k[0]), k[1]))
+    legend_handles = [handles[k] for k in keys]
+    legend_labels = [f"{label(s, names)} ({t})" for s, t in keys]
+    for p, m in markers.items():
+        (h,) = axes[0][0].plot([], [], color="#444444", linestyle="none", marker=m)
+        legend_handles.append(h)
+        legend_labels.append(f"dropout p = {p:g}")
+    fig.legend(legend_handles, legend_labels, loc="center left", bbox_to_anchor=(1.0, 0.5),
+               frameon=False, fontsize=9)
+    fig.suptitle(f"{gpu}: the cost of dropout, each rung and peer against itself without "
+                 "dropout at the same shape\n(1 = free; below 1: slower by that factor)",
+                 fontsize=10)
+    fig.tight_layout()
+    save(fig, out_dir, f"{tag}_dropout", written)
+    plt.close(fig)
+
+
+def load_trace(path):
+    """The rung-07 trace rows, as dicts with ints for warp, tile and the times."""
+    out = []
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            print(f"figures: {path}: skipped, missing columns {', '.join(missing)}",
+                  file=sys.stderr)
+            return []
+        for line, d in enumerate(reader, start=2):
+            try:
+                t = {"variant": d["variant"].strip(), "role": d["role"].strip(),
+                     "phase": d["phase"].strip(), "warp": int(d["warp"]),
+                     "tile": int(d["tile"]) if (d["tile"] or "").strip() not in ("", "-") else None,
+                     "t0": float(d["t0_ns"]), "t1": float(d["t1_ns"])}
+            except (TypeError, ValueError) as e:
+                print(f"figures: {path}:{line}: skipped ({e})", file=sys.stderr)
+                continue
+            if t["t1"] < t["t0"]:
+                print(f"figures: {path}:{line}: skipped (t1 < t0)", file=sys.stderr)
+                continue
+            out.append(t)
+    return out
+
+
+def fig_timeline(plt, trace, gpu, tag, out_dir, written):
+    """(f) one figure per traced variant: a row per warp, a bar per phase (coloured by phase,
+    labelled with its K/V tile where there is room), instant events as ticks."""
+    import matplotlib.patches as mpatches
+    cmap = plt.get_cmap("tab10")
+    phases = []  # in order of first appearance: the legend reads like one tile's pipeline
+    for t in sorted(trace, key=lambda t: (t["t0"], t["t1"])):
+        if t["phase"] not in phases:
+            phases.append(t["phase"])
+    color = {p: cmap(i % 10) for i, p in enumerate(phases)}
+    for variant in sorted({t["variant"] for t in trace}):
+        rows = [t for t in trace if t["variant"] == variant]
+        warps = sorted({t["warp"] for t in rows})
+        role = {w: max(sorted({t["role"] for t in rows if t["warp"] == w}),
+                       key=lambda r: sum(t["role"] == r for t in rows if t["warp"] == w))
+                for w in warps}
+        t_max = max(max(t["t1"] for t in rows), 1.0) / 1e3  # µs
+        fig, ax = plt.subplots(figsize=(11, 0.38 * len(warps) + 1.6))
+        shown_phases = []
+        for y, w in enumerate(warps):
+            for t in (t for t in rows if t["warp"] == w):
+                c = color[t["phase"]]
+                x0, x1 = t["t0"] / 1e3, t["t1"] / 1e3
+                if x1 > x0:
+                    ax.broken_barh([(x0, x1 - x0)], (y - 0.38, 0.76), facecolors=c,
+                                   edgecolors="none")
+                    if t["tile"] is not None and (x1 - x0) > 0.025 * t_max:
+                        ax.text((x0 + x1) / 2, y, str(t["tile"]), ha="center", va="center",
+                                fontsize=6, color="white")
+                else:
+                    ax.plot([x0], [y], marker="|", markersize=11, markeredgewidth=1.4, color=c,
+                            linestyle="none")
+                if t["phase"] not in shown_phases:
+                    shown_phases.append(t["phase"])
+        ax.set_yticks(range(len(warps)))
+        ax.set_yticklabels([f"warp {w} ({role[w]})" for w in warps], fontsize=8)
+        ax.set_ylim(len(warps) - 0.5, -0.5)  # warp 0 on top
+        ax.set_xlim(0, t_max * 1.01)
+        ax.set_xlabel("time since the block's first stamp, µs")
+        ax.grid(True, axis="x", alpha=0.3)
+        instant = {p for p in shown_phases
+                   if all(t["t1"] == t["t0"] for t in rows if t["phase"] == p)}
+        legend = [p for p in phases if p in shown_phases]
+        handles = [(plt.Line2D([], [], color=color[p], marker="|", linestyle="none",
+                               markersize=10) if p in instant else
+                    mpatches.Patch(color=color[p])) for p in legend]
+        ax.legend(handles, legend, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
+                  fontsize=8)
+        ax.set_title(f"{gpu}: rung 07 timeline, variant {variant} (one thread block; bars are "
+                     "phases, numbers K/V tiles, ticks instant events)", fontsize=10)
+        fig.tight_layout()
+        stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", variant)
+        save(fig, out_dir, f"{tag}_timeline_{stem}", written)
+        plt.close(fig)
+
+
 def use_system_python():
     """Debian's python3-matplotlib serves /usr/bin/python3, and another python3 may come first
     on PATH (pyenv, a venv): without matplotlib here, run again under the system one, once,
@@ -429,7 +727,7 @@ def results_table(rows, history, gpu_tag, csv_path, names, figures):
 
     def row(step, dtype, dim, causal, direction):
         return at.get((step, dtype, TOKENS // seq if TOKENS >= seq else 1, HIDDEN // dim,
-                       HIDDEN // dim, seq, seq, dim, causal, direction))
+                       HIDDEN // dim, seq, seq, dim, causal, direction, 0.0, 1.0))
 
     def tf(step, dtype, dim, causal, direction):
         r = row(step, dtype, dim, causal, direction)
@@ -483,7 +781,8 @@ def results_table(rows, history, gpu_tag, csv_path, names, figures):
     if figures:
         # The roofline shows every GPU rung at once; the other figures are a click away.
         roof = [p for p in figures if p.stem.endswith("_roofline")]
-        title = lambda p: p.stem[len(gpu_tag) + 1:].replace("tflops_", "TFLOP/s ")
+        title = lambda p: (p.stem[len(gpu_tag) + 1:].replace("tflops_", "TFLOP/s ")
+                           .replace("timeline_", "timeline "))
         out += ["", "Figures: " + " · ".join(f"[{title(p)}]({p.as_posix()})" for p in figures)]
         out += [""] + [f"![{p.stem}]({p.as_posix()})" for p in roof]
     return out + [""]
@@ -530,13 +829,17 @@ def main(argv=None):
     args = ap.parse_args(argv)
     results, out_dir, readme = Path(args.results), Path(args.figures), Path(args.readme)
 
-    files = sorted(results.glob("*.csv")) if results.is_dir() else []
+    # The results files: every CSV but the ceilings and the traces.
+    files = sorted(p for p in results.glob("*.csv")
+                   if p.name != CEILINGS_FILE and not re.search(r"-trace-\d+$", p.stem)
+                   ) if results.is_dir() else []
     if files:
         use_system_python()
     # h100 first: it is the GPU the targets are set for.
     files.sort(key=lambda p: (p.stem != "h100", p.stem))
     data = [(p, load(p)) for p in files]
     data = [(p, rows) for p, rows in data if rows]
+    all_ceilings = load_ceilings(results / CEILINGS_FILE)
     if not data:
         changed = update_readme(readme, NO_RESULTS)
         print(f"figures: no results in {results}: {readme.name} says so"
@@ -550,10 +853,23 @@ def main(argv=None):
     for path, rows in data:
         tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.stem)
         gpu = ", ".join(unique(r.gpu for r in rows)) or tag
+        history = load(path, latest=False)
+        plain = [r for r in rows if r.plain]
+        ceil = ceilings_for(all_ceilings, rows)
+        if not ceil:
+            print(f"figures: no ceilings for {gpu} in {shown(results / CEILINGS_FILE)}: "
+                  "the figures draw no ceiling line")
         written = []
-        fig_tflops(plt, rows, gpu, tag, out_dir, names, written)
-        fig_roofline(plt, rows, gpu, tag, out_dir, names, written)
-        fig_workspace(plt, rows, gpu, tag, out_dir, names, written)
+        fig_tflops(plt, plain, gpu, tag, out_dir, names, written, ceil)
+        fig_roofline(plt, plain, gpu, tag, out_dir, names, written, ceil)
+        fig_workspace(plt, plain, gpu, tag, out_dir, names, written)
+        fig_sparsity(plt, rows, gpu, tag, out_dir, names, written)
+        fig_dropout(plt, rows, history, gpu, tag, out_dir, names, written)
+        trace_path = results / f"{path.stem}-trace-07.csv"
+        if trace_path.is_file():
+            trace = load_trace(trace_path)
+            if trace:
+                fig_timeline(plt, trace, gpu, tag, out_dir, written)
         for w in written:
             print(f"figures: wrote {shown(w)}")
         svgs = [w for w in written if w.suffix == ".svg"]
@@ -562,7 +878,8 @@ def main(argv=None):
             svg_rel = [w.resolve().relative_to(readme.resolve().parent) for w in svgs]
         except ValueError:  # outside the README's tree (development runs): absolute paths
             csv_rel, svg_rel = str(path), svgs
-        body += results_table(rows, load(path, latest=False), tag, csv_rel, names, svg_rel)
+        body += results_table(plain, [h for h in history if h.plain], tag, csv_rel, names,
+                              svg_rel)
     changed = update_readme(readme, "\n".join(body))
     print(f"figures: {readme.name} results table {'updated' if changed else 'unchanged'}")
     return 0

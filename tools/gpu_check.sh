@@ -1,52 +1,90 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: build, test (gpu + sanitizer labels), benchmark the ladder's
-# GPU rungs and PyTorch's SDPA peers side by side, and leave logs and CSVs in $OUT.
-#   tools/gpu_check.sh [test] [sanitize] [bench] [peers]      (default: all four)
-# Environment: BENCH_ARGS (extra `ladder bench` flags), PEER_ARGS (extra peers.py flags),
-# CTEST_ARGS (e.g. "-R 05"), OUT (output folder, default ./out).
+# One call on a GPU machine: build, test, sanitize, benchmark the ladder's GPU rungs and the
+# PyTorch peers side by side, and leave logs and CSVs in $OUT. Needs the header-only
+# dependencies staged where the machine cannot install packages (tools/stage-deps.sh .deps).
+#   tools/gpu_check.sh [STAGE...]     (default: build test sanitize ceilings bench peers)
+# Stages:
+#   build      configure and build build-gpu/ (warnings as errors), always first
+#   test       ctest -L gpu (the harness on every GPU rung, every shared case)
+#   sanitize   ctest -L sanitizer (compute-sanitizer: memcheck, racecheck, synccheck, initcheck)
+#   selftest   step 07's self-test (device Philox, variants, masks; no timings)
+#   trace      step 07's per-warp timeline -> $OUT/<gpu>-trace-07.csv
+#   ceilings   the measured ceilings -> $OUT/ceilings.csv
+#   bench      ladder bench $BENCH_ARGS (default --preset flash) -> $OUT/<gpu>.csv
+#   peers      tools/peers.py $PEER_ARGS, rows appended to the same $OUT/<gpu>.csv
+# Environment: OUT (default ./out), BENCH_ARGS, PEER_ARGS, CTEST_ARGS (e.g. "-R 07"),
+# LADDER_COMMIT (the commit the rows are stamped with; default: git, else "unknown"), GPU_TAG
+# (the results file's name, default h100).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
+GPU_TAG=${GPU_TAG:-h100}
 mkdir -p "$OUT"
-what=${*:-test sanitize bench peers}
+stages=${*:-build test sanitize ceilings bench peers}
+commit=${LADDER_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+export LADDER_COMMIT=$commit
 status=0
 log() { echo "== $*" | tee -a "$OUT/summary.log"; }
-# At most 8 files come back from $OUT: summary.log, build.log, ctest-gpu.log,
-# ctest-sanitizer.log, bench.log, peers.log, h100.csv (the peers' rows appended to it).
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee -a "$OUT/summary.log"
-{ cmake -S . -B build-gpu -G Ninja -DCMAKE_PREFIX_PATH="$PWD/.deps" -DCMAKE_BUILD_TYPE=Release &&
-  cmake --build build-gpu -j 16; } >"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
-log "built ${LADDER_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
-for w in $what; do
-  case $w in
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader |
+  tee -a "$OUT/summary.log"
+log "commit $commit; stages: $stages"
+for stage in $stages; do
+  t0=$(date +%s)
+  case $stage in
+    build)
+      { cmake -S . -B build-gpu -G Ninja -DCMAKE_PREFIX_PATH="$PWD/.deps" \
+          -DCMAKE_BUILD_TYPE=Release -DLADDER_WERROR=ON &&
+          cmake --build build-gpu -j "$(nproc)"; } >"$OUT/build.log" 2>&1 ||
+        { tail -40 "$OUT/build.log"; log "build FAILED"; exit 1; }
+      grep -E "C75[0-9][0-9]|spill" "$OUT/build.log" | head -5 | tee -a "$OUT/summary.log"
+      ;;
     test)
-      ctest --test-dir build-gpu -L gpu --output-on-failure ${CTEST_ARGS:-} -j 1 >"$OUT/ctest-gpu.log" 2>&1 || status=1
+      # shellcheck disable=SC2086
+      ctest --test-dir build-gpu -L gpu --output-on-failure ${CTEST_ARGS:-} -j 1 \
+        >"$OUT/ctest-gpu.log" 2>&1 || status=1
       log "ctest -L gpu: $(grep -E 'tests passed|tests failed' "$OUT/ctest-gpu.log" || echo see log)"
-      grep -E '^\s*(FAIL|NOT RUN)' "$OUT/ctest-gpu.log" | head -40 | tee -a "$OUT/summary.log"
+      grep -E '^\s*(FAIL|NOT RUN)|FAILED' "$OUT/ctest-gpu.log" | head -20 | tee -a "$OUT/summary.log"
       ;;
     sanitize)
-      ctest --test-dir build-gpu -L sanitizer -V ${CTEST_ARGS:-} -j 4 >"$OUT/ctest-sanitizer.log" 2>&1 || status=1
+      # shellcheck disable=SC2086
+      ctest --test-dir build-gpu -L sanitizer -V ${CTEST_ARGS:-} -j 4 \
+        >"$OUT/ctest-sanitizer.log" 2>&1 || status=1
       log "ctest -L sanitizer: $(grep -E 'tests passed|tests failed' "$OUT/ctest-sanitizer.log" || echo see log)"
-      grep -E 'Failed|ERROR SUMMARY: [1-9]' "$OUT/ctest-sanitizer.log" | head -20 | tee -a "$OUT/summary.log"
+      grep -E 'Failed|ERROR SUMMARY: [1-9]|hazards displayed \([1-9]' "$OUT/ctest-sanitizer.log" |
+        head -10 | tee -a "$OUT/summary.log"
+      ;;
+    selftest)
+      build-gpu/steps/07_selftest --no-timing >"$OUT/selftest-07.log" 2>&1 || status=1
+      log "07 selftest: $(grep -cE '^PASS' "$OUT/selftest-07.log") PASS, $(grep -cE '^FAIL|TIMEOUT' "$OUT/selftest-07.log") FAIL"
+      grep -E '^FAIL|TIMEOUT' "$OUT/selftest-07.log" | head -20 | tee -a "$OUT/summary.log"
+      ;;
+    trace)
+      build-gpu/steps/07_selftest --no-timing --trace "$OUT/$GPU_TAG-trace-07.csv" \
+        >>"$OUT/selftest-07.log" 2>&1 || status=1
+      log "07 trace: $(wc -l <"$OUT/$GPU_TAG-trace-07.csv" 2>/dev/null || echo 0) rows"
+      ;;
+    ceilings)
+      build-gpu/ceilings --csv "$OUT/ceilings.csv" --commit "$commit" || status=1
       ;;
     bench)
-      build-gpu/ladder bench --csv "$OUT/h100.csv" ${BENCH_ARGS:---preset flash} >"$OUT/bench.log" 2>&1 || status=1
-      log "bench: $(wc -l <"$OUT/h100.csv") rows"; tail -n 40 "$OUT/bench.log"
+      # shellcheck disable=SC2086
+      build-gpu/ladder bench --csv "$OUT/$GPU_TAG.csv" ${BENCH_ARGS:---preset flash} \
+        >"$OUT/bench.log" 2>&1 || status=1
+      log "bench: $(grep -E 'points measured' "$OUT/bench.log")"
+      grep -E '^FAIL|skipped:' "$OUT/bench.log" | head -10 | tee -a "$OUT/summary.log"
       ;;
     peers)
-      # peers.py leaves the commit column '-'; stamp its rows with this call's commit, which
-      # is how tools/figures.py pairs a rung with the peers measured side by side with it.
-      rm -f "$OUT/peers.csv"
-      PYTHONUNBUFFERED=1 python3 .deps/bin/peers.py --csv "$OUT/peers.csv" ${PEER_ARGS:-} >"$OUT/peers.log" 2>&1 || status=1
-      if [ -s "$OUT/peers.csv" ]; then
-        [ -s "$OUT/h100.csv" ] || head -n 1 "$OUT/peers.csv" >"$OUT/h100.csv"
-        commit=${LADDER_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo -)}
-        tail -n +2 "$OUT/peers.csv" | sed "s/,-\$/,$commit/" >>"$OUT/h100.csv"
-        rm -f "$OUT/peers.csv"
-      fi
-      log "peers: done"; tail -n 30 "$OUT/peers.log"
+      # shellcheck disable=SC2086
+      PYTHONUNBUFFERED=1 python3 tools/peers.py --csv "$OUT/$GPU_TAG.csv" --commit "$commit" \
+        ${PEER_ARGS:-} >"$OUT/peers.log" 2>&1 || status=1
+      log "peers: $(tail -n 1 "$OUT/peers.log")"
+      ;;
+    *)
+      echo "unknown stage '$stage'"
+      exit 2
       ;;
   esac
+  log "$stage: $(($(date +%s) - t0)) s"
 done
 cat "$OUT/summary.log"
 exit $status

@@ -97,14 +97,17 @@ std::vector<const Rung*> select_rungs(const std::vector<std::string>& names) {
   return out;
 }
 
-// Empty if step s can run on this machine, else why not (asked of the CUDA runtime once).
-const std::string& cannot_run_here(const Step& s) {
-  static const std::string none;
-  static const std::string no_gpu = [] {
-    std::string why;
-    return cuda_device_count(&why) > 0 ? std::string() : why;
+// Empty if step s can run on this machine, else why not (the device asked once).
+std::string cannot_run_here(const Step& s) {
+  if (s.device != Device::cuda) return "";
+  static const std::pair<DeviceInfo, std::string> dev = []() -> std::pair<DeviceInfo, std::string> {
+    try {
+      return {require_device(), ""};
+    } catch (const NoDevice& e) {
+      return {DeviceInfo{}, e.what()};
+    }
   }();
-  return s.device == Device::cuda ? no_gpu : none;
+  return dev.second.empty() ? s.wrong_device(dev.first) : dev.second;
 }
 
 std::string duration_str(double s) {
@@ -375,7 +378,7 @@ int cmd_list() {
     const Step& s = *r.step;
     std::vector<std::string> v;
     for (const Variant& x : s.variants) v.push_back(x.name + (x.checked ? "" : " (unchecked)"));
-    const std::string& why = cannot_run_here(s);
+    const std::string why = cannot_run_here(s);
     // The full reason is on the "CUDA here" line above; the column keeps its gist.
     t.add({s.name, s.device_name(), s.capabilities_str(), join(v, ", "),
            why.empty() ? "yes" : why.substr(0, why.find(':'))});
@@ -439,6 +442,18 @@ int cmd_compare(const CompareArgs& a) {
   const CheckMode mode = check_options(o, p);
   const std::vector<const Rung*> selected = select_rungs(a.steps);
   ResultsCsv csv(a.csv);
+  // The inputs are shared, so the largest need of any step decides whether they can be made.
+  double need = 0;
+  for (const Rung* rung : selected)
+    if (rung->step) {
+      Problem ps = p;
+      ps.dtype = dtype_forced ? p.dtype : rung->step->default_dtype();
+      need = std::max(need, host_bytes_needed(*rung->step, ps, RunOptions{}, mode, false));
+    }
+  if (need > 0.9 * available_host_bytes())
+    throw BadInput("this comparison needs about " + fmt(need / double(1ull << 30), 2) +
+                   " GiB of host memory (inputs, outputs and the oracle's check); " +
+                   fmt(available_host_bytes() / double(1ull << 30), 2) + " GiB are available");
   const Inputs base = obtain_inputs(o, p);
   const double density = base.mask.density();
   NpyWriteSet saved;  // every step's --save files, committed together at the end
@@ -468,7 +483,7 @@ int cmd_compare(const CompareArgs& a) {
     ps.backward = p.backward && s.caps.backward;  // a forward-only step still shows its forward
     row.dtype = dtype_name(ps.dtype);
     row.p = ps;
-    if (const std::string& why = cannot_run_here(s); !why.empty()) {
+    if (const std::string why = cannot_run_here(s); !why.empty()) {
       row.note = why;
       row.no_device = true;
       rows.push_back(row);
@@ -763,7 +778,7 @@ int cmd_bench(BenchArgs a) {
       ++no_device;
       continue;
     }
-    if (const std::string& why = cannot_run_here(*r->step); !why.empty()) {
+    if (const std::string why = cannot_run_here(*r->step); !why.empty()) {
       notes.push_back("not run: " + r->name + ": " + why);
       ++no_device;
       continue;
@@ -1035,7 +1050,7 @@ int main_(int argc, char** argv) {
                 char* end = nullptr;
                 const double x = std::strtod(v.c_str(), &end);
                 if (v.empty() || *end != '\0' || !std::isfinite(x) || x < 0)
-                  return "--tol must be a finite number >= 0, got '" + v + "'";
+                  return "must be a finite number >= 0, got '" + v + "'";
                 return "";
               },
               "X"))

@@ -1,0 +1,364 @@
+// The Hopper vocabulary of step 07 (sm_90a): small named wrappers around the PTX instructions
+// the kernels use, each with what it does and the way it goes wrong. Everything here runs on
+// sm_90a only (wgmma and setmaxnreg do not exist on plain sm_90).
+//
+//   mbarrier      a 64-bit shared-memory object with a phase bit: init, arrive, expect_tx,
+//                 try_wait.parity. A phase completes when its pending arrivals reach 0 AND
+//                 its transaction count (bytes announced by expect_tx, consumed by TMA
+//                 writes) reaches 0; then the phase bit flips.
+//   TMA           cp.async.bulk.tensor: one thread asks the copy engine for a whole box of a
+//                 tensor described by a CUtensorMap; the bytes land in shared memory (swizzled)
+//                 and are counted on an mbarrier.
+//   wgmma         warpgroup MMA: the 4 warps of a warpgroup (128 threads) issue one
+//                 64 x N x 16 product together; B (and optionally A) is read from shared memory
+//                 through a 64-bit descriptor, the fp32 accumulators live in registers; issue,
+//                 commit_group and wait_group are asynchronous like cp.async's.
+//   setmaxnreg    move registers between warpgroups at run time (producer gives, consumers
+//                 take).
+//   named barrier bar.sync / bar.arrive on ids 1..15 with a thread count: synchronise a
+//                 subset of the block (one warpgroup, or two for the ping-pong hand-off).
+//
+// Fragment layouts (PTX ISA, "Register Fragments" of wgmma.mma_async.m64nNk16; the same
+// table that CUTLASS encodes as CLayout_64xN): warp w (0..3) of the warpgroup owns rows
+// 16w .. 16w+15 of the 64-row tile; lane l has g = l / 4, t = l % 4.
+//   D (64 x N fp32), N/2 floats:  d[4c + 2r + i] = D[16w + g + 8r][8c + 2t + i]
+//       (c = 0..N/8-1 the n8 column block, r = 0/1 the row half, i = 0/1 the column pair):
+//       per n8 block exactly the mma.sync m16n8 C fragment of step 06.
+//   A (64 x 16, 16-bit) from registers, 4 x .b32, each two consecutive columns (lower low):
+//       a[0] = A[16w + g][2t, 2t+1]   a[1] = A[16w + g + 8][2t, 2t+1]
+//       a[2] = A[16w + g][2t+8, +9]   a[3] = A[16w + g + 8][2t+8, +9]
+//   so the accumulators d[8k .. 8k+7] of S (columns 16k .. 16k+15), packed pairwise to 16 bits,
+//   are exactly the A fragment of P for the k16 step k: the FA2 register trick carries over.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace ladder::hopper {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---------------------------------------------------------------------------------------
+// mbarrier
+// ---------------------------------------------------------------------------------------
+
+// One thread initialises; `count` = arrivals that complete a phase. Pitfall: the TMA unit and
+// other threads may only use it after the init is made visible (mbarrier_init_fence + a block
+// barrier).
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count)
+               : "memory");
+}
+
+// Makes this thread's prior mbarrier.init visible to the other threads and to the async proxy
+// (the TMA unit). Pitfall: without it the first complete_tx may hit an uninitialised object.
+__device__ __forceinline__ void mbarrier_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// Arrive (count 1), release semantics: this thread's earlier memory accesses are visible to a
+// thread whose wait sees the phase complete. Predicated in PTX (no branch), so a warp can call
+// it with only lane 0 enabled and stay converged for the next .aligned instruction.
+__device__ __forceinline__ void mbar_arrive_if(uint64_t* bar, bool pred) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::
+          "r"(smem_u32(bar)),
+      "r"(int(pred))
+      : "memory");
+}
+
+// Announce `bytes` of incoming TMA data, then arrive. The phase completes only when the
+// arrival count AND the byte count are both used up. Pitfall: the byte count must equal the
+// full box sizes, out-of-bounds (zero-filled) parts included, or the phase never completes.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+// Spin until the phase with parity `parity` has completed (acquire: the TMA data, or the
+// arriving threads' writes, are visible afterwards). The parity of a phase is its index mod 2:
+// a waiter on the k-th use of a barrier passes parity k & 1. Pitfall: on a fresh barrier,
+// parity 1 counts as "the preceding phase" and passes at once; that is how a producer's first
+// wait on an empty slot is made free (it waits on parity (k & 1) ^ 1).
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  const uint32_t addr = smem_u32(bar);
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// ---------------------------------------------------------------------------------------
+// TMA (cp.async.bulk.tensor), global -> shared
+// ---------------------------------------------------------------------------------------
+
+// Copies the box at coordinates (x, y, z) (innermost first, in elements) of the tensor that
+// `tmap` describes into shared memory at `dst`, and counts its bytes on `bar`. `tmap` must be
+// the address of a `const __grid_constant__ CUtensorMap` kernel parameter (or of one in
+// global/const memory after a tensormap fence). Out-of-bounds elements arrive as zeros.
+// Pitfalls: dst must be aligned to the swizzle pattern (1024 B for SWIZZLE_128B); the
+// shared::cluster destination form is used with the CTA's own address (valid for a 1-CTA
+// cluster, which every non-cluster launch is).
+__device__ __forceinline__ void tma_load_3d(void* dst, const void* tmap, uint64_t* bar, int x,
+                                            int y, int z) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(smem_u32(bar)), "r"(x), "r"(y), "r"(z)
+      : "memory");
+}
+
+// Bring a tensor map into the cache ahead of its first use (optional, a latency hint).
+__device__ __forceinline__ void tma_prefetch_descriptor(const void* tmap) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
+}
+
+// Orders this thread's earlier generic-proxy shared-memory writes before later async-proxy
+// accesses (a TMA store or a wgmma reading what st.shared / stmatrix wrote). Pitfall: every
+// writing thread needs it, before the barrier that hands the data over; __syncthreads alone is
+// not enough.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// ---------------------------------------------------------------------------------------
+// wgmma
+// ---------------------------------------------------------------------------------------
+
+// Shared-memory matrix descriptor, 128-byte swizzle (PTX ISA "Matrix Descriptor Format"):
+//   bits  0-13  start address >> 4        bits 16-29  leading-dimension byte offset >> 4
+//   bits 32-45  stride-dimension byte offset >> 4   bits 49-51  base offset (0: the tile
+//   starts on a 1024-byte boundary)   bits 62-63  swizzle mode (1 = 128 B).
+// For a K-major operand (rows of 64 16-bit elements = 128 bytes, 8-row groups of 1024 bytes):
+// SBO = 1024 (next 8 rows), LBO unused (1 by convention); a k16 step inside the 128-byte row
+// advances the start address by 32 bytes (the hardware applies the XOR on the final address).
+// For an MN-major operand (B = V, N contiguous): LBO = bytes to the next 64-element block along
+// N, SBO = 1024 (next 8 rows along K). Pitfall: the swizzle must equal the tensor map's.
+__device__ __forceinline__ uint64_t make_desc_sw128(uint32_t saddr, uint32_t lbo_bytes,
+                                                    uint32_t sbo_bytes) {
+  return uint64_t((saddr & 0x3FFFF) >> 4) | (uint64_t((lbo_bytes & 0x3FFFF) >> 4) << 16) |
+         (uint64_t((sbo_bytes & 0x3FFFF) >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+// Orders earlier register accesses (of accumulators, and of A fragments) before the next
+// wgmma.mma_async reads them. Needed before the first wgmma of a batch whenever ordinary code
+// wrote those registers (zeroing, rescaling O, converting P). Pitfall: forgetting it is
+// undefined behaviour that usually works, until it does not.
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+// Closes a group of the wgmma.mma_async issued so far (like cp.async.commit_group).
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+// Waits until at most N committed groups are still running. Pitfall: touching an accumulator
+// or an A-fragment register of a wgmma before a wait that covers it is undefined behaviour.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Tells the compiler that `r` may change here, so no read or write of it moves across this
+// point: placed after wgmma_wait and before wgmma_fence on accumulators, it keeps the
+// compiler's own code motion from touching registers the tensor cores still own.
+__device__ __forceinline__ void reg_fence(float& r) {
+  asm volatile("" : "+f"(r)::"memory");
+}
+__device__ __forceinline__ void reg_fence(uint32_t& r) {
+  asm volatile("" : "+r"(r)::"memory");
+}
+template <class R, int N>
+__device__ __forceinline__ void reg_fence(R (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) reg_fence(r[i]);
+}
+
+#define LADDER_WGMMA_D32                                                    \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+
+#define LADDER_WGMMA_ACC32(d)                                                                     \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
+      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
+      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
+      "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+#define LADDER_WGMMA_D64                                                             \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "          \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+
+#define LADDER_WGMMA_ACC64(d)                                                                    \
+  LADDER_WGMMA_ACC32(d), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),        \
+      "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), \
+      "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), \
+      "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), \
+      "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+template <class T>
+inline constexpr bool kIsBf16 = std::is_same_v<T, __nv_bfloat16>;
+
+// D (64 x N, fp32) = A B + (accumulate ? D : 0) for the warpgroup, "SS": A (64 x 16) and
+// B (16 x N) both from shared memory through descriptors, both K-major here (imm-trans-a = 0;
+// imm-trans-b = kTransB). The instruction only starts the product: wgmma_commit and
+// wgmma_wait<> end it. scale-d is a predicate: accumulate = false overwrites D (no zeroing).
+template <class T, int N, int kTransB>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
+                                         bool accumulate) {
+  static_assert(N == 64 || N == 128, "the shapes this step uses");
+  if constexpr (N == 64 && kIsBf16<T>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LADDER_WGMMA_D32
+        ", %32, %33, p, 1, 1, 0, %35;\n}\n"
+        : LADDER_WGMMA_ACC32(d)
+        : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+  } else if constexpr (N == 64) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " LADDER_WGMMA_D32
+        ", %32, %33, p, 1, 1, 0, %35;\n}\n"
+        : LADDER_WGMMA_ACC32(d)
+        : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+  } else if constexpr (kIsBf16<T>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " LADDER_WGMMA_D64
+        ", %64, %65, p, 1, 1, 0, %67;\n}\n"
+        : LADDER_WGMMA_ACC64(d)
+        : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " LADDER_WGMMA_D64
+        ", %64, %65, p, 1, 1, 0, %67;\n}\n"
+        : LADDER_WGMMA_ACC64(d)
+        : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+  }
+}
+
+// The same with A from registers ("RS"): a[0..3] in the A-fragment layout at the top of this
+// file. Only B has a transpose bit in this form; kTransB = 1 reads B N-major (V as stored).
+// Pitfall: the a[] registers stay owned by the tensor cores until a wait covers this wgmma.
+template <class T, int N, int kTransB>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
+                                         bool accumulate) {
+  static_assert(N == 64 || N == 128, "the shapes this step uses");
+  if constexpr (N == 64 && kIsBf16<T>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LADDER_WGMMA_D32
+        ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+        : LADDER_WGMMA_ACC32(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)),
+          "n"(kTransB));
+  } else if constexpr (N == 64) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " LADDER_WGMMA_D32
+        ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+        : LADDER_WGMMA_ACC32(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)),
+          "n"(kTransB));
+  } else if constexpr (kIsBf16<T>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " LADDER_WGMMA_D64
+        ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+        : LADDER_WGMMA_ACC64(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)),
+          "n"(kTransB));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " LADDER_WGMMA_D64
+        ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+        : LADDER_WGMMA_ACC64(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)),
+          "n"(kTransB));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Registers, barriers, election
+// ---------------------------------------------------------------------------------------
+
+// setmaxnreg: the executing warpgroup's per-thread register limit becomes N (a multiple of 8 in
+// 24..256). dec returns registers to the block's pool, inc waits until the pool can give them.
+// Pitfalls: all 128 threads of the warpgroup must execute it; it only takes effect when the
+// kernel has a register cap at launch (__launch_bounds__(threads, 1)), and ptxas says C7508
+// when it ignores it; the sum over warpgroups must fit the 64K-register file.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// Named barrier `id` (1..15; 0 is __syncthreads) for `nthreads` threads (a multiple of 32):
+// bar_sync waits for all of them, bar_arrive counts this warp in and goes on. Pitfalls: every
+// thread of a warp must execute it; a warp must not arrive twice on the same barrier before
+// that barrier completes.
+__device__ __forceinline__ void bar_sync(int id, int nthreads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id, int nthreads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
+}
+
+// True in exactly one lane of the (fully active) warp: the lane elect.sync picks.
+__device__ __forceinline__ bool elect_one() {
+  uint32_t pred;
+  asm volatile("{\n.reg .pred p;\nelect.sync _|p, 0xffffffff;\nselp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(pred));
+  return pred != 0;
+}
+
+// ---------------------------------------------------------------------------------------
+// Arithmetic
+// ---------------------------------------------------------------------------------------
+
+// 2^x on the special-function unit; ex2.approx(-inf) = +0, which the masking relies on.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two floats rounded to T and packed into one .b32 register, `lo` in the low half (the
+// element with the lower column index, as the A fragment expects).
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (kIsBf16<T>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// Nanoseconds since an arbitrary epoch, one clock for the whole GPU (the trace build).
+__device__ __forceinline__ unsigned long long global_timer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
+}  // namespace ladder::hopper
