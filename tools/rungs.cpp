@@ -8,7 +8,7 @@
 namespace ladder {
 
 namespace {
-const char* why_not_built(bool cuda, bool sm90a) {
+[[maybe_unused]] const char* why_not_built(bool cuda, bool sm90a) {
 #ifndef LADDER_HAVE_CUDA
   if (cuda) return "not built: no CUDA toolkit was found at configure time";
 #endif
