@@ -32,6 +32,10 @@ Case sparse(Case c, const std::string& spec) {
   parse_sparsity(spec, "", "", c.p.sparsity);
   return c;
 }
+Case about(Case c, std::string what) {
+  c.exercises = std::move(what);
+  return c;
+}
 Case rows(Case c, std::vector<std::string> mask) {
   c.p.sparsity.kind = BlockSparsity::Kind::file;
   c.p.sparsity.file = "(the case's own mask)";
@@ -44,52 +48,83 @@ const std::vector<Case>& shared_cases() {
   using K = InputKind;
   static const std::vector<Case> cases = {
       // Degenerate lengths.
-      mk("seq1", 1, 2, 2, 1, 1, 64, false),
-      mk("seq1_causal", 1, 2, 2, 1, 1, 64, true),
-      mk("q1_k113", 1, 2, 2, 1, 113, 64, false),
-      mk("q1_k200_causal", 1, 2, 2, 1, 200, 64, true),  // the one query sees every key
-      mk("q200_k1_causal", 1, 2, 2, 200, 1, 64, true),  // only the last query sees the key
+      about(mk("seq1", 1, 2, 2, 1, 1, 64, false),
+            "one query, one key: P = 1 and O = V exactly, so dP - D must cancel to 0"),
+      about(mk("seq1_causal", 1, 2, 2, 1, 1, 64, true),
+            "one query, one key, causal: the diagonal alone is visible"),
+      about(mk("q1_k113", 1, 2, 2, 1, 113, 64, false),
+            "a single query row over 113 keys: a row longer than any tile, no tile multiple"),
+      about(mk("q1_k200_causal", 1, 2, 2, 1, 200, 64, true),
+            "one query sees all 200 keys (bottom-right causal, seq_q < seq_k)"),
+      about(mk("q200_k1_causal", 1, 2, 2, 200, 1, 64, true),
+            "seq_k = 1, causal: only the last query sees the key; every other row sees none (O = "
+            "0, LSE = -inf)"),
       // Lengths that are not tile multiples, and ones that are.
-      mk("odd17", 1, 2, 2, 17, 17, 64, false),
-      mk("odd113_causal", 1, 2, 2, 113, 113, 64, true),
-      mk("tiles64", 1, 2, 2, 64, 64, 64, false),
-      mk("tiles128_causal", 1, 2, 2, 128, 128, 64, true),
-      mk("long1023_causal", 1, 2, 2, 1023, 1023, 64, true),
+      about(mk("odd17", 1, 2, 2, 17, 17, 64, false),
+            "17 x 17: every tile is partial (lengths no tile multiple)"),
+      about(mk("odd113_causal", 1, 2, 2, 113, 113, 64, true),
+            "113 x 113 causal: partial tiles on the diagonal"),
+      about(mk("tiles64", 1, 2, 2, 64, 64, 64, false),
+            "64 x 64: exact tile multiples (no tail handling)"),
+      about(mk("tiles128_causal", 1, 2, 2, 128, 128, 64, true),
+            "128 x 128 causal: whole tiles skipped above the diagonal"),
+      about(mk("long1023_causal", 1, 2, 2, 1023, 1023, 64, true),
+            "1023 x 1023 causal: many key tiles, so the running max is rescaled often"),
       // seq_q != seq_k both ways; q > k with causal gives fully masked rows.
-      mk("q17_k203", 1, 2, 2, 17, 203, 64, false),
-      mk("q17_k203_causal", 1, 2, 2, 17, 203, 64, true),
-      mk("q203_k17", 1, 2, 2, 203, 17, 64, false),
-      mk("q203_k17_causal_masked_rows", 1, 2, 2, 203, 17, 64, true),
+      about(mk("q17_k203", 1, 2, 2, 17, 203, 64, false),
+            "seq_q < seq_k: few queries against a long key row"),
+      about(mk("q17_k203_causal", 1, 2, 2, 17, 203, 64, true),
+            "seq_q < seq_k causal: the bottom-right diagonal starts at key 186"),
+      about(mk("q203_k17", 1, 2, 2, 203, 17, 64, false),
+            "seq_q > seq_k: many queries, one short key tile"),
+      about(mk("q203_k17_causal_masked_rows", 1, 2, 2, 203, 17, 64, true),
+            "seq_q > seq_k causal: the first 186 rows see no key (O = 0, LSE = -inf, no NaN)"),
       // GQA / MQA and batches.
-      mk("gqa4to2_q113_k203_causal", 1, 4, 2, 113, 203, 64, true),
-      mk("mqa4to1_q64_k97", 1, 4, 1, 64, 97, 64, false),
-      mk("batch2_gqa3to1_q77_k129_causal", 2, 3, 1, 77, 129, 64, true),
+      about(mk("gqa4to2_q113_k203_causal", 1, 4, 2, 113, 203, 64, true),
+            "GQA 4 -> 2 heads: query head h reads K/V head h / 2"),
+      about(mk("mqa4to1_q64_k97", 1, 4, 1, 64, 97, 64, false),
+            "MQA 4 -> 1: every query head reads the one K/V head; dK, dV sum the group"),
+      about(mk("batch2_gqa3to1_q77_k129_causal", 2, 3, 1, 77, 129, 64, true),
+            "batch 2 with GQA 3 -> 1: batch and head offsets"),
       // Logits large enough that exp without the max shift overflows.
-      mk("large_logits", 1, 2, 2, 113, 113, 64, false, K::large),
-      mk("large_logits_causal", 1, 2, 2, 113, 150, 64, true, K::large),
-      mk("explicit_scale_0.3", 1, 2, 2, 33, 47, 64, false, K::normal, 0.3),
+      about(mk("large_logits", 1, 2, 2, 113, 113, 64, false, K::large),
+            "logits in the hundreds: exp overflows without the max shift"),
+      about(mk("large_logits_causal", 1, 2, 2, 113, 150, 64, true, K::large),
+            "logits in the hundreds, causal, seq_q < seq_k: the shift and the mask together"),
+      about(mk("explicit_scale_0.3", 1, 2, 2, 33, 47, 64, false, K::normal, 0.3),
+            "--scale 0.3 instead of 1/sqrt(d): the scale is applied once, where S is formed"),
       // Every head dim a step may support.
-      mk("dim16_q65_k130", 1, 2, 2, 65, 130, 16, false),
-      mk("dim32_q65_k130_causal", 1, 2, 2, 65, 130, 32, true),
-      mk("dim96_q65_k130", 1, 2, 2, 65, 130, 96, false),
-      mk("dim128_q65_k130_causal", 1, 2, 2, 65, 130, 128, true),
-      mk("dim128_q300_k300", 1, 2, 1, 300, 300, 128, false),
-      mk("dim256_q65_k130_causal", 1, 2, 2, 65, 130, 256, true),
+      about(mk("dim16_q65_k130", 1, 2, 2, 65, 130, 16, false), "head dim 16"),
+      about(mk("dim32_q65_k130_causal", 1, 2, 2, 65, 130, 32, true), "head dim 32, causal"),
+      about(mk("dim96_q65_k130", 1, 2, 2, 65, 130, 96, false), "head dim 96 (not a power of two)"),
+      about(mk("dim128_q65_k130_causal", 1, 2, 2, 65, 130, 128, true), "head dim 128, causal"),
+      about(mk("dim128_q300_k300", 1, 2, 1, 300, 300, 128, false),
+            "head dim 128 with GQA 2 -> 1, several tiles each way"),
+      about(mk("dim256_q65_k130_causal", 1, 2, 2, 65, 130, 256, true), "head dim 256, causal"),
       // Dropout (the same Z in every rung: docs/CONTRACT.md), with masks, GQA and odd lengths.
-      drop(mk("dropout0.1_q113_k203", 1, 2, 2, 113, 203, 64, false), 0.1),
-      drop(mk("dropout0.5_causal_q203_k117_masked_rows", 1, 2, 2, 203, 117, 64, true), 0.5),
-      drop(mk("dropout0.1_gqa4to2_q77_k129_causal", 1, 4, 2, 77, 129, 64, true), 0.1),
-      drop(mk("dropout0.1_dim128_q65_k300", 1, 2, 1, 65, 300, 128, false), 0.1),
+      about(drop(mk("dropout0.1_q113_k203", 1, 2, 2, 113, 203, 64, false), 0.1),
+            "dropout 0.1: Z regenerated, dropped keys still in l, O divided by 1 - p"),
+      about(drop(mk("dropout0.5_causal_q203_k117_masked_rows", 1, 2, 2, 203, 117, 64, true), 0.5),
+            "dropout 0.5 with causal rows that see no key"),
+      about(drop(mk("dropout0.1_gqa4to2_q77_k129_causal", 1, 4, 2, 77, 129, 64, true), 0.1),
+            "dropout with GQA: Z depends on the query head, not the K/V head"),
+      about(drop(mk("dropout0.1_dim128_q65_k300", 1, 2, 1, 65, 300, 128, false), 0.1),
+            "dropout at head dim 128 with MQA 2 -> 1"),
       // Block-sparse masks of 128 x 128 blocks: generated, with empty rows and columns, causal.
-      sparse(mk("sparse_random0.5_q300_k520", 1, 2, 2, 300, 520, 64, false), "random:0.5"),
-      sparse(mk("sparse_local2_causal_q520_k520", 1, 2, 2, 520, 520, 64, true), "local:2"),
-      rows(mk("sparse_empty_rows_and_columns_q300_k400", 1, 2, 2, 300, 400, 64, false),
-           {"0000", "1010", "1010"}),
-      rows(mk("sparse_causal_q400_k300_dim128", 2, 2, 1, 400, 300, 128, true),
-           {"101", "011", "110", "111"}),
-      drop(sparse(mk("sparse_random0.6_dropout0.2_gqa_causal", 1, 4, 2, 300, 300, 128, true),
-                  "random:0.6"),
-           0.2),
+      about(sparse(mk("sparse_random0.5_q300_k520", 1, 2, 2, 300, 520, 64, false), "random:0.5"),
+            "a random block mask (rho 0.5): masked 128 x 128 blocks skipped"),
+      about(sparse(mk("sparse_local2_causal_q520_k520", 1, 2, 2, 520, 520, 64, true), "local:2"),
+            "a local band of 2 key blocks, causal: the block mask and the causal mask together"),
+      about(rows(mk("sparse_empty_rows_and_columns_q300_k400", 1, 2, 2, 300, 400, 64, false),
+                 {"0000", "1010", "1010"}),
+            "a block mask with an empty row of blocks (O = 0, LSE = -inf) and empty key columns"),
+      about(rows(mk("sparse_causal_q400_k300_dim128", 2, 2, 1, 400, 300, 128, true),
+                 {"101", "011", "110", "111"}),
+            "an explicit block mask, causal with seq_q > seq_k, head dim 128, batch 2"),
+      about(drop(sparse(mk("sparse_random0.6_dropout0.2_gqa_causal", 1, 4, 2, 300, 300, 128, true),
+                        "random:0.6"),
+                 0.2),
+            "block mask, dropout, GQA and causal at once"),
   };
   return cases;
 }

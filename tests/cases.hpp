@@ -19,6 +19,8 @@ struct Case {
   // block (p.sparsity.kind is then `file`, its block p.sparsity.block_q x block_k). Empty: the
   // problem's own (none, or a generated random/local mask).
   std::vector<std::string> mask_rows = {};
+  // What the case exercises, in one line (a failing run names it: "seq_k = 1: ...").
+  std::string exercises = {};
 };
 
 // The inputs of a case: generated from its problem, with its explicit mask if it has one.

@@ -13,6 +13,7 @@
 
 #include "cases.hpp"
 #include "device.hpp"
+#include "exercise.hpp"
 #include "program.hpp"
 #include "rungs.hpp"
 #include "report.hpp"
@@ -68,6 +69,11 @@ TEST_CASE("shared cases against the float64 oracle", "[harness]") {
     for (const std::string& n : not_run) std::cout << "  NOT RUN " << n << "\n";
   }
 
+  // Each run prints one verdict line, `pass`, `FAIL` (a wrong result: the tensor, its error and
+  // tolerance, and what the case exercises) or `TODO` (an exercise region still blank:
+  // LADDER_TODO threw on the host or trapped on the device), which tools/exercise.py reads.
+  // Catch2 runs this test case once per section, so the tally is static.
+  static int passed = 0, wrong = 0, blank = 0;
   for (const Job& j : jobs) {
     DYNAMIC_SECTION(j.label << " [" << j.variant << "]") {
       const Inputs in = case_inputs(*j.c, j.p);
@@ -75,14 +81,48 @@ TEST_CASE("shared cases against the float64 oracle", "[harness]") {
       ro.variant = j.variant;
       ro.repeats = 1;
       ro.warmup = 0;
-      const CheckedRun r = run_checked(s, j.p, in, ro, CheckMode::full);
-      std::ostringstream line;
-      line << (r.check.pass ? "  pass " : "  FAIL ") << j.label << " [" << j.variant << "]";
-      for (const TensorCheck& t : r.check.tensors)
-        line << "  " << t.name << " " << fmt_sci(t.step.max_abs) << "/" << fmt_sci(t.tol);
-      std::cout << line.str() << "\n";
-      INFO(j.label << " [" << j.variant << "]: " << j.p.describe() << "\n" << r.check.summary());
-      CHECK(r.check.pass);
+      const std::string run = j.label + " [" + j.variant + "]";
+      std::string todo, error;
+      CheckedRun r;
+      try {
+        r = run_checked(s, j.p, in, ro, CheckMode::full);
+      } catch (const NotImplemented& e) {
+        todo = e.what();
+      } catch (const std::exception& e) {
+        // LADDER_TODO in device code traps, which the exercise build reports as an unspecified
+        // launch failure naming LADDER_TODO; any other device error is the code's own.
+        const std::string what = e.what();
+        const bool trap = what.find("LADDER_TODO") != std::string::npos &&
+                          what.find("unspecified launch failure") != std::string::npos;
+        (trap ? todo : error) = what;
+      }
+      if (!todo.empty()) {
+        ++blank;
+        std::cout << "  TODO " << run << "\n    not implemented: " << todo << "\n";
+      } else {
+        const bool ok = error.empty() && r.check.pass;
+        std::ostringstream line;
+        line << (ok ? "  pass " : "  FAIL ") << run;
+        for (const TensorCheck& t : r.check.tensors)
+          line << "  " << t.name << " " << fmt_sci(t.step.max_abs) << "/" << fmt_sci(t.tol);
+        std::cout << line.str() << "\n";
+        if (ok) {
+          ++passed;
+        } else {
+          ++wrong;
+          std::cout << "    wrong result: "
+                    << (error.empty() ? r.check.first_failure() : "the run threw: " + error)
+                    << "\n    this case exercises: " << j.c->exercises << "\n";
+        }
+      }
+      if (&j == &jobs.back())
+        std::cout << "step " << s.name << ": " << passed << " pass, " << wrong
+                  << " FAIL (wrong result), " << blank << " TODO (not implemented)\n";
+      INFO(run << ": " << j.p.describe() << "\n"
+               << (!todo.empty()    ? todo
+                   : !error.empty() ? error
+                                    : r.check.summary()));
+      CHECK((todo.empty() && error.empty() && r.check.pass));
     }
   }
 }
@@ -111,8 +151,16 @@ TEST_CASE("an all-ones block mask equals the dense run bit for bit", "[harness]"
     ro.repeats = 1, ro.warmup = 0;
     const Inputs in = make_inputs(p), in_ones = make_inputs(ones);
     REQUIRE(in_ones.mask.density() == 1.0);
-    const CheckedRun a = run_checked(s, p, in, ro, CheckMode::none);
-    const CheckedRun b = run_checked(s, ones, in_ones, ro, CheckMode::none);
+    CheckedRun a, b;
+    try {
+      a = run_checked(s, p, in, ro, CheckMode::none);
+      b = run_checked(s, ones, in_ones, ro, CheckMode::none);
+    } catch (const NotImplemented& e) {  // an exercise copy: the shared cases say which region
+      std::cout << "  TODO bitwise: " << s.name << " " << dtype_name(t)
+                << "\n    not implemented: " << e.what() << "\n";
+      CHECK(false);
+      continue;
+    }
     INFO(s.name << " " << dtype_name(t) << ": " << ones.describe());
     for (auto [x, y] : {std::pair{&a.out.o, &b.out.o},
                         {&a.out.lse, &b.out.lse},

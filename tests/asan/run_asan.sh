@@ -14,7 +14,7 @@ if ! "$cxx" -fsanitize=address,undefined "${TMPDIR:-/tmp}/ladder_asan_probe.cpp"
   echo "NOT RUN: $cxx cannot build with -fsanitize=address,undefined here"
   exit 77
 fi
-cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER="$cxx" \
+cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER="$cxx" \
   -DLADDER_ENABLE_CUDA=OFF -DLADDER_SANITIZE=address,undefined >"$build.configure.log" 2>&1 ||
   { cat "$build.configure.log"; exit 1; }
 cmake --build "$build" -j "$(nproc)" 2>&1 | tail -n 5
