@@ -221,11 +221,14 @@ struct ResultRow {
   double density = 1;  // the block mask's kept fraction (1: dense)
 };
 
+// The step column: the rung's number, and for a variant other than the default its name
+// after a slash ("06/baseline": docs/CONTRACT.md, "Results files").
 ResultRow make_row(const Step& s, const Problem& p, bool bwd, const RunResult& r,
-                   const Provenance& v, double density) {
+                   const Provenance& v, double density, const std::string& variant = "") {
   ResultRow x;
   x.density = density;
   x.step = two_digits(s.number);
+  if (!variant.empty() && variant != s.variants.front().name) x.step += "/" + variant;
   x.dtype = dtype_name(p.dtype);
   x.p = p;
   x.direction = bwd ? "bwd" : "fwd";
@@ -672,6 +675,7 @@ int cmd_diff(const std::string& path_a, const std::string& path_b, bool have_tol
 
 struct BenchArgs {
   std::string preset = "quick";
+  std::vector<std::string> variants;  // empty or "default": each step's default; "all"; names
   std::vector<std::string> steps, dtypes, directions;
   std::vector<double> dropouts;         // empty: 0 only
   std::vector<std::string> sparsities;  // "dense", "random:RHO", "local:W"; empty: dense only
@@ -704,14 +708,28 @@ Preset preset_values(const std::string& name) {
 // One measured point: a step on one problem in one direction.
 struct BenchPoint {
   const Step* step;
-  Problem p;     // p.backward: the bwd direction
-  size_t group;  // index of its (seq, dim) inputs
+  Problem p;            // p.backward: the bwd direction
+  size_t group;         // index of its (seq, dim) inputs
+  std::string variant;  // empty: the step's default
 };
+
+// The variants a sweep runs of step s: its default, all its checked ones, or the named ones it
+// has (a name a step lacks is not an error: other steps of the sweep may have it).
+std::vector<std::string> variants_of(const Step& s, const std::vector<std::string>& asked) {
+  if (asked.empty() || (asked.size() == 1 && asked[0] == "default")) return {""};
+  std::vector<std::string> out;
+  for (const Variant& v : s.variants)
+    if (v.checked && (asked[0] == "all" ||
+                      std::find(asked.begin(), asked.end(), v.name) != asked.end()))
+      out.push_back(&v == &s.variants.front() ? "" : v.name);
+  return out;
+}
 
 std::string point_str(const BenchPoint& pt) {
   const Problem& p = pt.p;
   std::ostringstream s;
-  s << two_digits(pt.step->number) << " " << dtype_name(p.dtype) << " batch " << p.batch
+  s << two_digits(pt.step->number) << (pt.variant.empty() ? "" : " [" + pt.variant + "]") << " "
+    << dtype_name(p.dtype) << " batch " << p.batch
     << " heads " << p.heads << " seq " << p.seq_q << " dim " << p.dim << (p.causal ? " causal" : "")
     << (p.dropout > 0 ? " dropout " + fmt(p.dropout, 2) : "")
     << (p.sparsity.active() ? " " + p.sparsity.describe() : "") << (p.backward ? " bwd" : " fwd");
@@ -830,19 +848,23 @@ int cmd_bench(BenchArgs a) {
                   p.dropout = dropout;
                   p.dropout_seed = a.dropout_seed;
                   p.sparsity = sparsity;
-                  std::string why = p.validate();
-                  if (why.empty()) why = s->unsupported(p);
-                  if (why.empty()) {
-                    const double need = host_bytes_needed(*s, p, RunOptions{}, mode, false);
-                    if (need > 0.9 * available_host_bytes())
-                      why = "more host memory than this machine has (about " +
-                            fmt(need / double(1ull << 30), 1) + " GiB)";
+                  for (const std::string& variant : variants_of(*s, a.variants)) {
+                    RunOptions ro;
+                    ro.variant = variant;
+                    std::string why = p.validate();
+                    if (why.empty()) why = s->unsupported(p, ro);
+                    if (why.empty()) {
+                      const double need = host_bytes_needed(*s, p, ro, mode, false);
+                      if (need > 0.9 * available_host_bytes())
+                        why = "more host memory than this machine has (about " +
+                              fmt(need / double(1ull << 30), 1) + " GiB)";
+                    }
+                    if (!why.empty()) {
+                      ++unsupported[why];
+                      continue;
+                    }
+                    points.push_back({s, p, group, variant});
                   }
-                  if (!why.empty()) {
-                    ++unsupported[why];
-                    continue;
-                  }
-                  points.push_back({s, p, group});
                 }
               }
         ++group;
@@ -902,6 +924,7 @@ int cmd_bench(BenchArgs a) {
     }
     const Inputs& in = pt.p.dtype == DType::f64 ? base : rounded;
     RunOptions ro = resolve_run_options(*pt.step, run_opts);
+    ro.variant = pt.variant;
     if (pt.step->device == Device::cpu && cap_cpu) {
       if (a.repeats <= 0) ro.repeats = 1;
       if (a.warmup < 0) ro.warmup = 0;
@@ -933,7 +956,7 @@ int cmd_bench(BenchArgs a) {
       continue;
     }
     const ResultRow row =
-        make_row(*pt.step, pt.p, pt.p.backward, c.result, prov, in.mask.density());
+        make_row(*pt.step, pt.p, pt.p.backward, c.result, prov, in.mask.density(), pt.variant);
     csv.add(row);
     results.push_back(row);
     errs.push_back("-");
@@ -1076,6 +1099,12 @@ int main_(int argc, char** argv) {
       ->add_option("--steps", ba.steps,
                    "the rungs (default: all that can run here; naming a CPU step lifts the "
                    "flash preset's seq <= 1024 cap)")
+      ->delimiter(',')
+      ->group("Sweep");
+  bench
+      ->add_option("--variants", ba.variants,
+                   "default (each step's own), all (every checked variant: the ladder of ideas "
+                   "within a rung), or names; a non-default variant's rows say NN/name")
       ->delimiter(',')
       ->group("Sweep");
   bench->add_option("--seqlens", ba.seqlens, "sequence lengths (seq_q = seq_k)")
