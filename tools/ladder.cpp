@@ -719,8 +719,8 @@ std::vector<std::string> variants_of(const Step& s, const std::vector<std::strin
   if (asked.empty() || (asked.size() == 1 && asked[0] == "default")) return {""};
   std::vector<std::string> out;
   for (const Variant& v : s.variants)
-    if (v.checked && (asked[0] == "all" ||
-                      std::find(asked.begin(), asked.end(), v.name) != asked.end()))
+    if (v.checked &&
+        (asked[0] == "all" || std::find(asked.begin(), asked.end(), v.name) != asked.end()))
       out.push_back(&v == &s.variants.front() ? "" : v.name);
   return out;
 }
@@ -729,8 +729,8 @@ std::string point_str(const BenchPoint& pt) {
   const Problem& p = pt.p;
   std::ostringstream s;
   s << two_digits(pt.step->number) << (pt.variant.empty() ? "" : " [" + pt.variant + "]") << " "
-    << dtype_name(p.dtype) << " batch " << p.batch
-    << " heads " << p.heads << " seq " << p.seq_q << " dim " << p.dim << (p.causal ? " causal" : "")
+    << dtype_name(p.dtype) << " batch " << p.batch << " heads " << p.heads << " seq " << p.seq_q
+    << " dim " << p.dim << (p.causal ? " causal" : "")
     << (p.dropout > 0 ? " dropout " + fmt(p.dropout, 2) : "")
     << (p.sparsity.active() ? " " + p.sparsity.describe() : "") << (p.backward ? " bwd" : " fwd");
   return s.str();

@@ -25,16 +25,36 @@
 
 namespace ladder::fa3 {
 
-// The four kernels, one idea each on top of the previous one (wgmma_tma_fa3.cu says how):
+// The kernels, one idea each on top of the previous one (wgmma_tma_fa3.cu says how):
 enum class Variant {
   tma_wgmma,         // TMA tile loads + wgmma; every thread waits on the barriers; no roles
   warp_specialized,  // + a producer warpgroup, full/empty barrier pairs, setmaxnreg
   pingpong,          // + named barriers: one warpgroup's softmax under the other's GEMMs
-  intra_overlap,     // + S_{j+1} = Q K_{j+1}^T issued before softmax_j finishes (the default)
+  intra_overlap,     // + S_{j+1} = Q K_{j+1}^T issued before softmax_j finishes
+  persistent,        // + one CTA per SM looping over work items from a tile scheduler
+  three_consumers,   // + d = 64: three consumer warpgroups, Br = 192 (the default)
 };
-constexpr Variant kAllVariants[] = {Variant::tma_wgmma, Variant::warp_specialized,
-                                    Variant::pingpong, Variant::intra_overlap};
+constexpr Variant kAllVariants[] = {Variant::tma_wgmma,  Variant::warp_specialized,
+                                    Variant::pingpong,   Variant::intra_overlap,
+                                    Variant::persistent, Variant::three_consumers};
+constexpr int kNumVariants = int(sizeof(kAllVariants) / sizeof(kAllVariants[0]));
 const char* variant_name(Variant v);  // "tma-wgmma", "warp-specialized", "pingpong", ...
+
+// The persistent variants need FwdParams::tile_counter; they (and only they) run dropout and
+// block masks.
+constexpr bool is_persistent(Variant v) {
+  return v == Variant::persistent || v == Variant::three_consumers;
+}
+
+// The query tile Br a run uses. three_consumers at d = 64 without dropout or a block mask
+// (`extras`) runs 192-row tiles, unless rounding seq_q up to a multiple of 192 computes more
+// than 1/32 more rows than rounding it up to 128 (seq 1024: 1152 rows against 1024, so it
+// stays at 128; seq 2048 ... 16384 take 192). Everything else: 128. Bc is 128 everywhere.
+constexpr int query_tile(Variant v, int dim, bool extras, int seq_q) {
+  if (v != Variant::three_consumers || dim != 64 || extras) return 128;
+  const long long rows192 = (seq_q + 191LL) / 192 * 192, rows128 = (seq_q + 127LL) / 128 * 128;
+  return rows192 * 32 <= rows128 * 33 ? 192 : 128;
+}
 
 struct FwdParams {
   const void* q = nullptr;  // [batch, heads, seq_q, dim], bf16 or fp16
@@ -47,13 +67,13 @@ struct FwdParams {
   float scale = 0.f;  // > 0 (see above)
   bool causal = false;
 
-  // Dropout (intra_overlap only): O = (P o Z / (1 - p)) V, Z from Philox4x32-10 keyed by the
+  // Dropout (persistent variants only): O = (P o Z / (1 - p)) V, Z from Philox4x32-10 keyed by the
   // seed (the mapping of docs/CONTRACT.md); 0 = off. LSE is that of P, undropped.
   float dropout_p = 0.f;
   uint64_t dropout_seed = 0;
 
-  // Block-sparse (intra_overlap only; off when kv_count is null). Mask blocks of block_m query
-  // rows x block_n keys (multiples of 128). For mask row (b', h', I), with b' = 0 if
+  // Block-sparse (persistent variants only; off when kv_count is null). Mask blocks of block_m
+  // query rows x block_n keys (multiples of 128). For mask row (b', h', I), with b' = 0 if
   // mask_batch == 1 else b (mask_batch is 1 or batch; mask_heads likewise 1 or heads):
   //   n = kv_count[(b' * mask_heads + h') * nI + I]                       visible key blocks
   //   kv_index[((b' * mask_heads + h') * nI + I) * nJ + t], t < n, ascending: their indices
@@ -63,9 +83,15 @@ struct FwdParams {
   int block_m = 128, block_n = 128;
   int mask_batch = 1, mask_heads = 1;
 
-  // Trace build (tma_wgmma and intra_overlap, bf16, dim 128): when non-null, block (0, 0, 0)
-  // records %globaltimer stamps here, kTraceWarps x kTraceSlots records of 4 words
-  // {phase (TracePhase, 0 = unused slot), tile, t0_ns, t1_ns}; zero it before the launch.
+  // The persistent variants' work counter: 4 bytes of device memory that make_plan zeroes and
+  // every launch leaves zero (the CTA that takes the last item resets it). Launches that share
+  // one counter must not run at the same time (one stream, or one counter per stream).
+  unsigned int* tile_counter = nullptr;
+
+  // Trace build (tma_wgmma, intra_overlap and the persistent variants, bf16, dim 128): when
+  // non-null, the first block records %globaltimer stamps here, kTraceWarps x kTraceSlots records
+  // of 4 words {phase (TracePhase, 0 = unused slot), tile, t0_ns, t1_ns}; zero it before the
+  // launch.
   unsigned long long* trace = nullptr;
 };
 
@@ -93,13 +119,17 @@ struct FwdPlan {
   int instantiation = -1;        // its index in the .cu's switch
   dim3 grid, block;
   int smem_bytes = 0, regs = 0, br = 0, bc = 0, stages = 0;
+  int consumers = 2;      // consumer warpgroups (Br / 64)
+  int items = 0;          // persistent: work items (query tiles x heads x batch); grid.x CTAs
+  int section_heads = 0;  // persistent: heads per L2 section of the schedule
 };
 
 // Whether this variant has an instantiation for the dtype and head dim (64, 128); if not,
 // *why (when non-null) says what exists.
 bool supported(Variant v, bool bf16, int dim, std::string* why);
 
-// Checks the parameters, encodes the tensor maps, sets the kernel's shared-memory limit.
+// Checks the parameters, encodes the tensor maps, sets the kernel's shared-memory limit, and
+// zeroes tile_counter (persistent variants; this waits for the device).
 // Throws std::invalid_argument for unsupported parameters, std::runtime_error on CUDA errors.
 FwdPlan make_plan(const FwdParams& p, Variant v);
 
@@ -108,5 +138,106 @@ void launch(const FwdPlan& plan, cudaStream_t stream = 0);
 
 // "tma-wgmma Br=128 Bc=128 threads=256 smem=164864 regs=... stages=2 ..."
 std::string describe(const FwdPlan& plan);
+
+// ---------------------------------------------------------------------------------------------
+// The backward pass (wgmma_tma_fa3_backward.cu): dQ, dK, dV from Q, K, V, O, dO and the
+// forward's LSE, in three launches on one stream (pre-pass, main kernel, post-pass).
+//
+// Use:
+//   ladder::fa3::BwdParams b;  // device pointers (inputs, outputs, workspace), shapes, ...
+//   const ladder::fa3::BwdWorkspace ws = ladder::fa3::bwd_workspace(b);  // allocate these
+//   const ladder::fa3::BwdPlan plan = ladder::fa3::make_bwd_plan(b);     // host work, once
+//   ladder::fa3::launch_bwd(plan, stream);                               // the timed part
+//
+// Layouts as the forward's; dQ, dO like Q, dK, dV like K. The workspace the caller provides
+// (16-byte aligned, contents irrelevant: the pre-pass writes all of it):
+//   dq_acc  [batch, heads, seq_q, dim] fp32     dQ / scale, summed over the K/V tiles
+//   lse2    [batch, heads, rows_padded] fp32    LSE * log2(e), +inf for rows with no visible
+//                                               key and for the padding rows
+//   dsum    [batch, heads, rows_padded] fp32    D = rowsum(dO o O), 0 in the padding rows
+// with rows_padded = seq_q rounded up to kBwdRowPad, so that every Q tile's LSE and D rows are
+// one aligned 1-D bulk copy. Block-sparse: q_count / q_index are common/block_mask.hpp's
+// q_block_lists (per mask row (b', h', key block J) the kept query blocks, ascending).
+// ---------------------------------------------------------------------------------------------
+
+constexpr int kBwdRowPad = 128;
+
+// How dQ's partial sums reach the fp32 accumulator (both give the same result up to the order
+// of fp32 additions).
+enum class BwdVariant {
+  tma_reduce,  // staged in shared memory, added by the copy engine (cp.reduce.async.bulk.tensor)
+  atomic,      // red.global.add.v4.f32 from registers
+};
+constexpr BwdVariant kAllBwdVariants[] = {BwdVariant::tma_reduce, BwdVariant::atomic};
+const char* bwd_variant_name(BwdVariant v);  // "tma-reduce", "atomic"
+
+struct BwdParams {
+  const void* q = nullptr;     // [batch, heads, seq_q, dim], bf16 or fp16: the forward's Q
+  const void* k = nullptr;     // [batch, heads_kv, seq_k, dim]
+  const void* v = nullptr;     // [batch, heads_kv, seq_k, dim]
+  const void* o = nullptr;     // [batch, heads, seq_q, dim]: the forward's output
+  const void* dout = nullptr;  // [batch, heads, seq_q, dim]
+  const float* lse = nullptr;  // [batch, heads, seq_q]: the forward's, natural log
+  void* dq = nullptr;          // [batch, heads, seq_q, dim]
+  void* dk = nullptr;          // [batch, heads_kv, seq_k, dim]
+  void* dv = nullptr;          // [batch, heads_kv, seq_k, dim]
+  float* dq_acc = nullptr;     // workspace (above)
+  float* lse2 = nullptr;
+  float* dsum = nullptr;
+  int batch = 0, heads = 0, heads_kv = 0, seq_q = 0, seq_k = 0, dim = 0;
+  bool bf16 = true;
+  float scale = 0.f;  // > 0: the forward's (with the Q it was given)
+  bool causal = false;
+  // A caller with a negative softmax scale ran the forward on -Q with |scale|: passing that
+  // -Q here and negate_dq = true gives dQ for the original Q (dK, dV need nothing).
+  bool negate_dq = false;
+
+  // Dropout: the forward's rate and seed (0 = off).
+  float dropout_p = 0.f;
+  uint64_t dropout_seed = 0;
+
+  // Block-sparse (off when q_count is null). Mask blocks of block_m x block_n (multiples of
+  // 128); mask_batch is 1 or batch, mask_heads 1 or heads. For mask row (b', h', J), with
+  // r = (b' * mask_heads + h') * nJ + J:
+  //   n = q_count[r]                        kept query blocks of key block J
+  //   q_index[r * nI + t], t < n, ascending: their indices
+  // with nI = ceil(seq_q / block_m), nJ = ceil(seq_k / block_n). Causal still applies inside.
+  const int* q_count = nullptr;
+  const int* q_index = nullptr;
+  int block_m = 128, block_n = 128;
+  int mask_batch = 1, mask_heads = 1;
+};
+
+struct BwdWorkspace {
+  size_t dq_acc_bytes = 0, lse2_bytes = 0, dsum_bytes = 0;
+  int rows_padded = 0;
+};
+BwdWorkspace bwd_workspace(const BwdParams& p);
+
+struct BwdPlan {
+  alignas(64) unsigned char tensor_maps[5][128];  // CUtensorMap for Q, K, V, dO, dQ_acc
+  BwdParams params;
+  BwdVariant variant = BwdVariant::tma_reduce;
+  const void* kernel = nullptr;  // the main kernel's instantiation
+  int instantiation = -1;
+  dim3 grid, block;
+  int smem_bytes = 0, regs = 0, br = 0, bc = 0, stages = 0;
+};
+
+// Head dims 64 and 128, bf16 and fp16; if not, *why (when non-null) says what exists.
+bool bwd_supported(bool bf16, int dim, std::string* why);
+
+// Checks the parameters, encodes the tensor maps, sets the main kernel's shared-memory limit.
+// Throws std::invalid_argument for unsupported parameters, std::runtime_error on CUDA errors.
+BwdPlan make_bwd_plan(const BwdParams& p, BwdVariant v = BwdVariant::tma_reduce);
+
+// Enqueues pre-pass, main kernel and post-pass on `stream`, checking each launch.
+void launch_bwd(const BwdPlan& plan, cudaStream_t stream = 0);
+
+// The main kernel alone (for timing it; it adds to dq_acc, so run launch_bwd for results).
+void launch_bwd_main(const BwdPlan& plan, cudaStream_t stream = 0);
+
+// "bwd tma-reduce bf16 d=128 Bc=128 Br=64 threads=384 ..."
+std::string describe(const BwdPlan& plan);
 
 }  // namespace ladder::fa3
