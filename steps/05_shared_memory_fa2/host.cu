@@ -3,6 +3,7 @@
 // shared_memory_fa2_backward.cuh (backward).
 #include <algorithm>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -39,13 +40,6 @@ void with_dim(int64_t d, F&& f) {
     default:
       return f(std::integral_constant<int, 128>());
   }
-}
-
-size_t fwd_smem_bytes(int64_t d, int br, bool fa1) {
-  const int64_t ld = d + 4, ldp = kBc + 16;
-  const int64_t floats = fa1 ? std::max(br * ld, br * ldp) + kBc * ld + kBc * d   // [Q|P][K][V]
-                             : br * ld + std::max(kBc * ld, br * ldp) + kBc * d;  // [Q][K|P][V]
-  return size_t(floats) * sizeof(float);
 }
 
 size_t bwd_smem_bytes_for(int64_t d) {
@@ -87,9 +81,9 @@ Tiles choose_tiles(const Problem& p, const RunOptions& opt, const DeviceInfo& de
   int br = opt.tile_q;
   if (br == 0) {
     br = std::max(kBrStep, int(std::min<int64_t>(rule.br, kBrCap)) / kBrStep * kBrStep);
-    while (br > kBrStep && fwd_smem_bytes(p.dim, br, fa1) > dev.smem_per_block) br -= kBrStep;
+    while (br > kBrStep && fwd_smem_bytes(int(p.dim), br, fa1) > dev.smem_per_block) br -= kBrStep;
   }
-  const size_t smem = fwd_smem_bytes(p.dim, br, fa1);
+  const size_t smem = fwd_smem_bytes(int(p.dim), br, fa1);
   if (smem > dev.smem_per_block)
     throw BadInput("step 05_shared_memory_fa2: Br = " + std::to_string(br) +
                    " at d = " + std::to_string(p.dim) + " needs " + kb(smem) +
@@ -102,14 +96,58 @@ Tiles choose_tiles(const Problem& p, const RunOptions& opt, const DeviceInfo& de
   return Tiles{br, kBc};
 }
 
+// The descriptor's tiles(): the rule above, and the features' limits (exit 2). Dropout and
+// block masks are built into the FA2 kernels only (the fa1 variant shows a loop order, not
+// them), and the backward's Br = Bc = 64 must divide the mask block too, which the runner
+// checks only against the forward's tiles.
+Tiles tiles_and_features(const Problem& p, const RunOptions& opt, const DeviceInfo& dev) {
+  const bool features = p.dropout > 0 || p.sparsity.active();
+  if (features && opt.variant == "fa1")
+    throw BadInput(
+        "variant 'fa1' of step 05_shared_memory_fa2 has no dropout or block-sparse "
+        "masks; the default variant 'fa2' has them");
+  if (p.backward && p.sparsity.active() &&
+      (p.sparsity.block_q % kBrBwd != 0 || p.sparsity.block_k % kBc != 0))
+    throw BadInput("step 05_shared_memory_fa2's backward runs Br x Bc = " + std::to_string(kBrBwd) +
+                   "x" + std::to_string(kBc) +
+                   " tiles, which must divide the mask block (--mask-block " +
+                   std::to_string(p.sparsity.block_q) + "x" + std::to_string(p.sparsity.block_k) +
+                   "): use a mask block that is a multiple of them");
+  return choose_tiles(p, opt, dev);
+}
+
+// The block lists' bytes (int32 counts and indices), at most: the forward's per (b, h, query
+// block), the backward's per (b, h, key block); a mask shared by every batch or head (first
+// dimensions of 1) needs fewer.
+double mask_list_bytes(const Problem& p) {
+  if (!p.sparsity.active()) return 0.0;
+  const double rows = double(p.batch) * double(p.heads), qb = double(p.q_blocks()),
+               kb = double(p.k_blocks());
+  return 4.0 * rows * (qb * (1.0 + kb) + (p.backward ? kb * (1.0 + qb) : 0.0));
+}
+
 // Device memory beyond inputs and outputs: LSE's rounding residual (1 float per row, see
 // store_lse); fa1 keeps m, l in HBM (2 floats per row); the backward adds D (1 float per row)
 // and the fp32 dQ accumulator (B*H*M*d floats).
-double workspace_bytes(const Problem& p, const RunOptions& opt) {
+double buffer_bytes(const Problem& p, const RunOptions& opt) {
   const double rows = double(p.rows());
   return (opt.variant == "fa1" ? 12.0 : 4.0) * rows +
          (p.backward ? 4.0 * rows + 4.0 * double(p.q_numel()) : 0.0);
 }
+// ... and a block-sparse run's block lists (what the runner checks against free memory).
+double workspace_bytes(const Problem& p, const RunOptions& opt) {
+  return buffer_bytes(p, opt) + mask_list_bytes(p);
+}
+
+// A block mask's CSR lists on the device (common/block_mask.hpp).
+struct DeviceLists {
+  DeviceBuffer<int32_t> count, index;
+  explicit DeviceLists(const BlockLists& l) : count(l.count.size()), index(l.index.size()) {
+    count.upload(l.count);
+    index.upload(l.index);
+  }
+  double bytes() const { return double(count.bytes() + index.bytes()); }
+};
 
 unsigned blocks_for(int64_t n, int threads) {
   return unsigned((n + threads - 1) / threads);
@@ -130,17 +168,27 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
   fp.batch = int(p.batch), fp.heads = int(p.heads), fp.heads_kv = int(p.heads_kv);
   fp.group = int(p.group()), fp.seq_q = int(p.seq_q), fp.seq_k = int(p.seq_k);
   fp.Br = br, fp.scale = scale, fp.causal = p.causal;
+  // Block-sparse: the lists of kept key blocks (and, for the backward, of kept query blocks),
+  // built and uploaded once, outside the timed region, as FlexAttention builds its BlockMask.
+  const BlockMask& m = in.mask;
+  std::optional<DeviceLists> kv_lists, q_lists;
+  if (!m.empty()) {
+    kv_lists.emplace(kv_block_lists(m));
+    fp.blk_count = kv_lists->count.get(), fp.blk_index = kv_lists->index.get();
+    fp.mask_batch = int(m.batch), fp.mask_heads = int(m.heads);
+    fp.mask_q_blocks = int(m.q_blocks), fp.mask_k_blocks = int(m.k_blocks);
+    fp.mask_block_q = int(m.block_q), fp.mask_block_k = int(m.block_k);
+  }
+  fp.dropout_p = p.dropout, fp.dropout_seed = p.dropout_seed;
   const int fwd_threads = kTX * br / kTM;
-  const size_t fwd_smem = fwd_smem_bytes(d, br, fa1);
-  const dim3 fa2_grid(unsigned((p.seq_q + br - 1) / br), unsigned(p.heads), unsigned(p.batch));
+  const size_t fwd_smem = fwd_smem_bytes(int(d), br, fa1);
   const dim3 fa1_grid(unsigned(p.heads), unsigned(p.batch));
 
   with_dim(d, [&](auto dim) {
     constexpr int D = decltype(dim)::value;
-    const void* kernel = fa1 ? reinterpret_cast<const void*>(fa1_forward_kernel<D>)
-                             : reinterpret_cast<const void*>(forward_kernel<D>);
-    CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(fwd_smem)));
+    if (fa1)  // (launch_forward opts in to the shared memory it needs itself)
+      CUDA_CHECK(cudaFuncSetAttribute(fa1_forward_kernel<D>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, int(fwd_smem)));
     g.forward([&] {
       if (fa1) {
         fa1_init_kernel<<<blocks_for(rows * d, 256), 256>>>(g.o.get(), m_hbm.get(), l_hbm.get(),
@@ -152,12 +200,12 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
                                                        lse_lo.get(), rows);
         CUDA_CHECK_LAUNCH();
       } else {
-        forward_kernel<D><<<fa2_grid, fwd_threads, fwd_smem>>>(fp);
+        launch_forward<D>(fp, 0);
         CUDA_CHECK_LAUNCH();
       }
     });
   });
-  g.result.workspace_bytes = workspace_bytes(p, opt);
+  g.result.workspace_bytes = buffer_bytes(p, opt) + (kv_lists ? kv_lists->bytes() : 0.0);
   g.result.config = std::string(fa1 ? "fa1" : "fa2") + ": Br=" + std::to_string(br) +
                     " Bc=" + std::to_string(kBc) + " threads=" + std::to_string(fwd_threads) +
                     " smem=" + kb(fwd_smem);
@@ -175,27 +223,27 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
     BwdParams bp{};
     bp.q = g.q.get(), bp.k = g.k.get(), bp.v = g.v.get(), bp.o = g.o.get(), bp.dout = g.dout.get();
     bp.lse = g.lse.get(), bp.lse_lo = lse_lo.get(), bp.dsum = dsum.get(), bp.dq_acc = dq_acc.get();
-    bp.dk = g.dk.get(), bp.dv = g.dv.get();
+    bp.dq = g.dq.get(), bp.dk = g.dk.get(), bp.dv = g.dv.get();
     bp.batch = int(p.batch), bp.heads = int(p.heads), bp.heads_kv = int(p.heads_kv);
     bp.group = int(p.group()), bp.seq_q = int(p.seq_q), bp.seq_k = int(p.seq_k);
     bp.scale = scale, bp.causal = p.causal;
-    const dim3 grid(unsigned((p.seq_k + kBc - 1) / kBc), unsigned(p.heads_kv), unsigned(p.batch));
+    if (!m.empty()) {
+      q_lists.emplace(q_block_lists(m));  // outside the timed region, as the forward's
+      bp.blk_count = q_lists->count.get(), bp.blk_index = q_lists->index.get();
+      bp.mask_batch = fp.mask_batch, bp.mask_heads = fp.mask_heads;
+      bp.mask_q_blocks = fp.mask_q_blocks, bp.mask_k_blocks = fp.mask_k_blocks;
+      bp.mask_block_q = fp.mask_block_q, bp.mask_block_k = fp.mask_block_k;
+    }
+    bp.dropout_p = p.dropout, bp.dropout_seed = p.dropout_seed;
     const size_t bwd_smem = bwd_smem_bytes_for(d);
     with_dim(d, [&](auto dim) {
       constexpr int D = decltype(dim)::value;
-      CUDA_CHECK(cudaFuncSetAttribute(backward_kernel<D>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd_smem)));
       g.backward([&] {
-        backward_prepass_kernel<<<blocks_for(rows, 256), 256>>>(g.dout.get(), g.o.get(), dsum.get(),
-                                                                dq_acc.get(), rows, int(d));
-        CUDA_CHECK_LAUNCH();
-        backward_kernel<D><<<grid, kBwdThreads, bwd_smem>>>(bp);
-        CUDA_CHECK_LAUNCH();
-        backward_dq_kernel<<<blocks_for(p.q_numel(), 256), 256>>>(dq_acc.get(), g.dq.get(),
-                                                                  p.q_numel(), scale);
+        launch_backward<D>(bp, 0);  // pre-pass, main kernel, dQ = scale dQ_acc
         CUDA_CHECK_LAUNCH();
       });
     });
+    g.result.workspace_bytes += q_lists ? q_lists->bytes() : 0.0;
     g.result.config += "; bwd: Br=" + std::to_string(kBrBwd) + " Bc=" + std::to_string(kBc) +
                        " threads=" + std::to_string(kBwdThreads) + " smem=" + kb(bwd_smem);
   }
@@ -218,24 +266,29 @@ const Step& step_05() {
               "causal: tiles past the diagonal skipped, the mask only on straddling tiles",
               "Br from the FlashAttention block-size rule",
               "FA1 loop order as a variant",
-              "FA2 backward: D pre-pass, a block per K/V tile, dQ by fp32 atomics"};
+              "FA2 backward: D pre-pass, a block per K/V tile, dQ by fp32 atomics",
+              "block-sparse masks: masked tiles skipped, K/V never loaded",
+              "dropout regenerated per element (Philox), never stored"};
     s.device = Device::cuda;
     s.caps.dtypes = {DType::f32};
     s.caps.head_dims = {32, 64, 96, 128};
     s.caps.causal = true, s.caps.gqa = true, s.caps.backward = true;
+    // Dropout and block masks: the fa2 variant (tiles_and_features refuses fa1 with them).
+    s.caps.dropout = true, s.caps.block_sparse = true;
     s.caps.max_batch = s.caps.max_heads = 65535;  // grid.z and grid.y
     s.caps.max_seq = int64_t(1) << 30;            // 32-bit row indices
     s.caps.limits = "forward Bc = 64 (compiled), Br from the FlashAttention rule capped at " +
                     std::to_string(kBrCap) +
                     "; --tile-q a multiple of 16 in [16, 128], --tile-k 64 only; backward Br = Bc "
-                    "= 64";
+                    "= 64; dropout and block-sparse masks in the 'fa2' variant only, mask blocks "
+                    "multiples of the tiles";
     s.variants = {{"fa2",
                    "FlashAttention-2 order: a block per Q tile, K/V tiles inner; O_i, m_i, l_i on "
                    "chip"},
                   {"fa1",
                    "FlashAttention-1 order: a block per head, K/V tiles outer, Q tiles inner; O_i, "
                    "m_i, l_i read and written in HBM for every K/V tile"}};
-    s.tiles = choose_tiles;
+    s.tiles = tiles_and_features;
     s.workspace = workspace_bytes;
     s.run = run;
     return s;

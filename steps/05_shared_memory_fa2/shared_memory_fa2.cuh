@@ -3,7 +3,8 @@
 // micro-tiles of S and O per thread; row max and sum by warp shuffles, one division by l at the
 // end; causal: tiles past the diagonal skipped, the mask only on straddling tiles; Br from the
 // FlashAttention block-size rule; FA1 loop order as a variant; FA2 backward: D pre-pass, a block
-// per K/V tile, dQ by fp32 atomics.
+// per K/V tile, dQ by fp32 atomics; block-sparse masks: masked tiles skipped, K/V never loaded;
+// dropout regenerated per element (Philox), never stored.
 //
 // Where it sits: step 04 gave each query row its own thread and streamed every K and V row
 // from HBM (through L1/L2) for every query row. Here a block of threads shares the work of
@@ -33,6 +34,15 @@
 // What the next step (06) fixes: fp32 FMAs reach at most ~51 TFLOP/s; tensor cores (mma.sync
 // in fp16/bf16) are ~12x faster, and with them come ldmatrix, swizzled shared memory,
 // cp.async pipelining and P kept in registers.
+// Block-sparse masks and dropout (FA2 order only; template flags kSparse and kDropout, so the
+// kernels without them are unchanged):
+//   block-sparse: the j loop walks the host's list of the kept key blocks of this Q tile's
+//     mask row (kv_block_lists, built once outside the timed region, as FlexAttention builds
+//     its BlockMask): a masked K/V tile is never loaded; the backward walks the kept query
+//     blocks of its key block (q_block_lists) the same way.
+//   dropout: Z_ij from common/dropout.hpp, one Philox call per element (dropout::keep), applied
+//     to P_ij after the row sum (l sums the undropped P) on its way to shared memory; O is
+//     divided by l and by 1 - p once, at the end. LSE is unaffected.
 // This file: the tile machinery and the forward kernels (FA2 and FA1 loop orders). The
 // backward is shared_memory_fa2_backward.cuh; host.cu holds the descriptor, the tile choice
 // and the launches.
@@ -47,7 +57,13 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "dropout.hpp"
 
 namespace ladder::step05 {
 
@@ -199,8 +215,9 @@ __device__ __forceinline__ void pv_tile(float (&acc)[TM][D / 16], const float* P
 }
 
 // What every forward kernel needs to know. Q, O: [B, H, M, D]; K, V: [B, Hkv, N, D];
-// LSE, LSE_lo: [B, H, M]. group = H / Hkv: query head h reads K/V head h / group.
-struct FwdParams {
+// LSE, LSE_lo: [B, H, M]. group = H / Hkv: query head h reads K/V head h / group. The kernels
+// without block mask or dropout take exactly this (as they always did).
+struct FwdArgs {
   const float* __restrict__ q;
   const float* __restrict__ k;
   const float* __restrict__ v;
@@ -211,6 +228,42 @@ struct FwdParams {
   float scale;
   bool causal;
 };
+
+// What a caller fills in (launch_forward below): the arguments above and the features.
+// Zero-initialised (FwdParams fp{}), there is neither block mask nor dropout.
+struct FwdParams : FwdArgs {
+  // Block-sparse mask (blk_count null: dense), as the host's kv_block_lists (common/
+  // block_mask.hpp): row r = (mask batch * mask_heads + mask head) * mask_q_blocks + query
+  // block keeps blk_count[r] key blocks, ascending, at blk_index[r * mask_k_blocks ...].
+  // mask_batch, mask_heads: 1 shares a row with every batch / query head. The tiles must
+  // divide the mask block: Br | mask_block_q, Bc = 64 | mask_block_k.
+  const int32_t* blk_count;
+  const int32_t* blk_index;
+  int mask_batch, mask_heads, mask_q_blocks, mask_k_blocks, mask_block_q, mask_block_k;
+  // Dropout (dropout_p = 0: none): the rate in [0, 1) and the Philox key.
+  double dropout_p;
+  uint64_t dropout_seed;
+};
+
+// The features as the kernels use them, computed on the host from the params (feature_args):
+// the mask row of (b, h, tile) is b * mask_bstride + h * mask_hstride + tile / mask_tiles (0
+// strides where the mask is shared); a kept block covers mask_sub tiles of the loop's
+// dimension; its list holds up to mask_blocks entries. Dropout: the seed, the keep threshold
+// dropout::threshold(p) and 1 / (1 - p).
+struct Features {
+  const int32_t* blk_count;
+  const int32_t* blk_index;
+  int mask_bstride, mask_hstride, mask_tiles, mask_sub, mask_blocks;
+  uint64_t seed;
+  uint32_t drop_thresh;
+  float drop_scale;
+};
+template <class Args>
+struct WithFeatures : Args {
+  Features f;
+};
+template <bool kDropout, bool kSparse>
+using FwdArgsFor = std::conditional_t<kDropout || kSparse, WithFeatures<FwdArgs>, FwdArgs>;
 
 // LSE_i = m_i + log l_i, stored as the float LSE (the output) plus the rounding residual
 // LSE_lo = (m_i + log l_i) - LSE (Fast2Sum: exact when |m_i| >= log l_i, the case where it
@@ -234,7 +287,7 @@ __device__ __forceinline__ void store_lse(float* lse, float* lse_lo, float m, fl
 // __fmul_rn: scale * S rounded on its own, never fused with the later "- m" into an FMA, so the
 // backward (which recomputes it the same way) sees the very same S_ij. A row with a single
 // visible key then has S_ij - LSE_i = 0 and P_ij = exp(0) = 1 exactly in both passes.
-__device__ __forceinline__ void scale_and_mask(float (&s)[kTM][kTN], const FwdParams& p, bool mask,
+__device__ __forceinline__ void scale_and_mask(float (&s)[kTM][kTN], const FwdArgs& p, bool mask,
                                                int i0, int j0, int ty, int TY, int tx) {
 #pragma unroll
   for (int r = 0; r < kTM; ++r)
@@ -251,8 +304,9 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[kTM][kTN], const FwdPa
 // Q_i stays in shared memory for the whole loop over K/V tiles j; m_i, l_i and the
 // unnormalised O_i stay in registers; O_i / l_i and LSE_i = m_i + log l_i are written once.
 // Shared memory: [Q_i: Br x kLd][K_j: Bc x kLd, reused for P_ij][V_j: Bc x D].
-template <int D>
-__global__ void __launch_bounds__(kFwdMaxThreads) forward_kernel(const FwdParams p) {
+template <int D, bool kDropout = false, bool kSparse = false>
+__global__ void __launch_bounds__(kFwdMaxThreads)
+    forward_kernel(const FwdArgsFor<kDropout, kSparse> p) {
   using L = Layout<D>;
   extern __shared__ float4 smem4[];
   const int Br = p.Br, TY = Br / kTM, tid = threadIdx.x, tx = tid % kTX, ty = tid / kTX;
@@ -285,7 +339,23 @@ __global__ void __launch_bounds__(kFwdMaxThreads) forward_kernel(const FwdParams
     for (int c = 0; c < L::kCols; ++c) o[r][c] = 0.f;
   }
 
-  for (int jt = 0; jt < tc; ++jt) {
+  // The K/V tiles visited: jt = 0 .. tc - 1, or (block-sparse) the tiles of the kept key
+  // blocks in this Q tile's mask row, in ascending order up to tc: x counts them, and tile x
+  // is the (x % sub)-th tile of block list[x / sub] (a block covers sub = mask_sub tiles).
+  int n_tiles = tc;
+  [[maybe_unused]] const int32_t* list = nullptr;
+  if constexpr (kSparse) {
+    const size_t row =
+        size_t(b) * p.f.mask_bstride + size_t(h) * p.f.mask_hstride + it / p.f.mask_tiles;
+    list = p.f.blk_index + row * p.f.mask_blocks;
+    n_tiles = p.f.blk_count[row] * p.f.mask_sub;
+  }
+  for (int x = 0; x < n_tiles; ++x) {
+    int jt = x;
+    if constexpr (kSparse) {
+      jt = list[x / p.f.mask_sub] * p.f.mask_sub + x % p.f.mask_sub;
+      if (jt >= tc) break;  // ascending: every later kept tile is past the causal limit too
+    }
     const int j0 = jt * kBc;
     __syncthreads();  // everyone is done with the last tile's P_ij (in K's buffer) and V_j
     load_tiles<D, 2>({TileCopy{Ks, K + size_t(j0) * D, L::kLd, p.seq_k - j0},
@@ -326,22 +396,41 @@ __global__ void __launch_bounds__(kFwdMaxThreads) forward_kernel(const FwdParams
     }
     // EXERCISE END
 
+    // Dropout: Z_ij of this thread's kTM x kTN elements, bit kTN r + c (one Philox call each,
+    // in a loop kept rolled: unrolled, the 32 calls in flight cost ~50 registers). A dropped
+    // P_ij goes to shared memory as 0; l_i has counted it already.
+    [[maybe_unused]] uint32_t kept_bits = 0;
+    if constexpr (kDropout) {
+#pragma unroll 1
+      for (int e = 0; e < kTM * kTN; ++e) {
+        const int i = i0 + ty + TY * (e / kTN), j = j0 + tx + kTX * (e % kTN);
+        kept_bits |= uint32_t(dropout::keep(p.f.seed, p.f.drop_thresh, b, h, i, j)) << e;
+      }
+    }
+
     __syncthreads();  // everyone has read K_j: P_ij may overwrite it
 #pragma unroll
     for (int r = 0; r < kTM; ++r)
 #pragma unroll
-      for (int b = 0; b < kTN; ++b) Ps[(ty + TY * r) * L::kLdP + tx + kTX * b] = s[r][b];
+      for (int c = 0; c < kTN; ++c) {
+        float pij = s[r][c];
+        if constexpr (kDropout)
+          if (!((kept_bits >> (kTN * r + c)) & 1u)) pij = 0.f;
+        Ps[(ty + TY * r) * L::kLdP + tx + kTX * c] = pij;
+      }
     __syncthreads();                            // P_ij is complete
     pv_tile<D, kTM>(o, Ps, ty, TY, Vs, D, tx);  // O_i += P_ij V_j (unnormalised)
   }
 
-  // Deferred normalisation: one division per row. l = 0 means no visible key: O = 0, LSE = -inf.
+  // Deferred normalisation: one division per row, by l_i and, with dropout, by 1 - p. l = 0
+  // means no visible key: O = 0, LSE = -inf.
 #pragma unroll
   for (int r = 0; r < kTM; ++r) {
     const float l_row = row_sum(l[r]);  // all 16 lanes take part, so before the bounds check
     const int i = ty + TY * r;
     if (i >= rows) continue;
-    const float inv_l = l_row > 0.f ? 1.f / l_row : 0.f;
+    float inv_l = l_row > 0.f ? 1.f / l_row : 0.f;
+    if constexpr (kDropout) inv_l *= p.f.drop_scale;
     float* out = p.o + (q_off + i) * D + 2 * tx;
 #pragma unroll
     for (int c = 0; c < D / 32; ++c)
@@ -360,7 +449,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads) forward_kernel(const FwdParams
 // Shared memory: [Q_i: Br x kLd, reused for P_ij][K_j: Bc x kLd][V_j: Bc x D].
 template <int D>
 __global__ void __launch_bounds__(kFwdMaxThreads)
-    fa1_forward_kernel(const FwdParams p, float* __restrict__ m_hbm, float* __restrict__ l_hbm) {
+    fa1_forward_kernel(const FwdArgs p, float* __restrict__ m_hbm, float* __restrict__ l_hbm) {
   using L = Layout<D>;
   extern __shared__ float4 smem4[];
   const int Br = p.Br, TY = Br / kTM, tid = threadIdx.x, tx = tid % kTX, ty = tid / kTX;
@@ -466,6 +555,86 @@ __global__ void fa1_lse_kernel(const float* __restrict__ m, const float* __restr
                                float* __restrict__ lse, float* __restrict__ lse_lo, int64_t rows) {
   const int64_t x = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (x < rows) store_lse(lse + x, lse_lo + x, m[x], l[x]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The launches (host code), for host.cu and for any other caller, e.g. a PyTorch extension.
+
+// Shared memory of a forward block in bytes: [Q_i | K_j or P_ij | V_j] for FA2, [Q_i or P_ij |
+// K_j | V_j] for FA1.
+constexpr size_t fwd_smem_bytes(int d, int br, bool fa1 = false) {
+  const int ld = d + 4, ldp = kBc + 16, q = br * ld, k = kBc * ld, p = br * ldp;
+  const int floats = fa1 ? (q > p ? q : p) + k + kBc * d : q + (k > p ? k : p) + kBc * d;
+  return size_t(floats) * sizeof(float);
+}
+
+// Dynamic shared memory above 48 KiB needs a kernel's opt-in. The launch functions give it,
+// for as much as the device allows, once per kernel and device (`done`: one bit per device),
+// so that a caller never has to. Errors are returned, and left for cudaGetLastError().
+inline cudaError_t allow_device_smem(const void* kernel, std::atomic<uint64_t>& done) {
+  int dev = 0, max_bytes = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
+  if (e != cudaSuccess || (done.load() & bit) != 0) return e;
+  e = cudaDeviceGetAttribute(&max_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_bytes);
+  if (e == cudaSuccess) done.fetch_or(bit);
+  return e;
+}
+
+// The features as the kernels use them (Features): the mask row strides (0 where shared), the
+// loop's tiles per mask block, the Philox key, the threshold and 1 / (1 - p). `lists_per_q`:
+// the forward's lists (rows per query block, entries over key blocks) or the backward's.
+template <class Params>
+Features feature_args(const Params& p, bool lists_per_q, int br, int bc) {
+  Features f{};
+  if (p.blk_count) {
+    const int row_blocks = lists_per_q ? p.mask_q_blocks : p.mask_k_blocks;
+    f.blk_count = p.blk_count, f.blk_index = p.blk_index;
+    f.mask_hstride = p.mask_heads == 1 ? 0 : row_blocks;
+    f.mask_bstride = p.mask_batch == 1 ? 0 : p.mask_heads * row_blocks;
+    f.mask_tiles = lists_per_q ? p.mask_block_q / br : p.mask_block_k / bc;
+    f.mask_sub = lists_per_q ? p.mask_block_k / bc : p.mask_block_q / br;
+    f.mask_blocks = lists_per_q ? p.mask_k_blocks : p.mask_q_blocks;
+  }
+  if (p.dropout_p > 0) {
+    f.seed = p.dropout_seed;
+    f.drop_thresh = dropout::threshold(p.dropout_p);
+    f.drop_scale = float(1.0 / (1.0 - p.dropout_p));
+  }
+  return f;
+}
+
+template <int D, bool kDropout, bool kSparse>
+void launch_forward_as(const FwdParams& p, cudaStream_t stream) {
+  static std::atomic<uint64_t> done{0};  // devices this kernel may use all shared memory on
+  const auto kernel = forward_kernel<D, kDropout, kSparse>;
+  if (allow_device_smem(reinterpret_cast<const void*>(kernel), done) != cudaSuccess) return;
+  const dim3 grid(unsigned((p.seq_q + p.Br - 1) / p.Br), unsigned(p.heads), unsigned(p.batch));
+  const unsigned threads = unsigned(kTX * p.Br / kTM);
+  const size_t smem = fwd_smem_bytes(D, p.Br);
+  if constexpr (kDropout || kSparse) {
+    WithFeatures<FwdArgs> a{};
+    static_cast<FwdArgs&>(a) = p;
+    a.f = feature_args(p, true, p.Br, kBc);
+    kernel<<<grid, threads, smem, stream>>>(a);
+  } else {
+    kernel<<<grid, threads, smem, stream>>>(p);  // the FwdArgs part of p
+  }
+}
+
+// The FA2 forward of head dim D on `stream`: grid, threads and shared memory from p (Br = p.Br,
+// a multiple of 16 up to 128; Bc = 64), the kernel from its features (dropout_p > 0,
+// blk_count). Launch errors are left for the caller's cudaGetLastError().
+template <int D>
+void launch_forward(const FwdParams& p, cudaStream_t stream) {
+  // dropout_p = 0 is no dropout at all: the kernel without it, bit for bit.
+  const bool drop = p.dropout_p > 0, sparse = p.blk_count != nullptr;
+  if (drop && sparse) return launch_forward_as<D, true, true>(p, stream);
+  if (drop) return launch_forward_as<D, true, false>(p, stream);
+  if (sparse) return launch_forward_as<D, false, true>(p, stream);
+  launch_forward_as<D, false, false>(p, stream);
 }
 
 }  // namespace ladder::step05

@@ -1,7 +1,6 @@
 // Step 05's backward: the FA2 backward (FlashAttention-2, Algorithm 2), fp32.
-//   pre-pass    D_i = rowsum(dO_i o O_i)                        backward_prepass_kernel (also
-//   zeroes dQ_acc) main        one block per (K/V tile j, K/V head, batch); dK_j, dV_j in
-//   registers;
+//   pre-pass    D_i = rowsum(dO_i o O_i), dQ_acc = 0                backward_prepass_kernel
+//   main        one block per (K/V tile j, K/V head, batch), dK_j and dV_j in registers;
 //               for every query head h of the group, for every Q tile i that sees K_j:
 //                 S_ij  = Q_i K_j^T,   P_ij = exp(scale S_ij - LSE_i)   (recomputed from LSE)
 //                 dV_j += P_ij^T dO_i
@@ -13,6 +12,10 @@
 //   S_ij, dP_ij:  rows ty + 16a (a < 4), keys tx + 16b (b < 4)        abt_tile<D, 4>
 //   dV_j, dK_j:   keys 4ty + a (a < 4), columns 2tx + 32c (+1)         atb_tile below
 //   dQ_i:         rows ty + 16a (a < 4), columns 2tx + 32c (+1)        pv_tile<D, 4>
+// Block-sparse masks: a block walks, for each query head, the kept query blocks of its key
+// block's mask column (q_block_lists): a masked Q tile is never loaded. Dropout: Z_ij per
+// element (dropout::keep) for dP_ij o Z_ij / (1 - p) and for P_ij o Z_ij, which goes to shared
+// memory for dV_j (times 1 / (1 - p) once, at the end); dS_ij takes the undropped P_ij.
 #pragma once
 #include "shared_memory_fa2.cuh"
 
@@ -23,7 +26,9 @@ constexpr int kBrBwd = 64;                            // query rows per Q tile i
 constexpr int kBwdTM = kBrBwd / (kBwdThreads / kTX);  // 4 rows of S_ij per thread
 static_assert(kBwdTM == 4 && kBc / 4 == kBwdThreads / kTX, "atb_tile's 4 keys per thread");
 
-struct BwdParams {
+// What the backward's main kernel needs; the kernels without block mask or dropout take
+// exactly this (as they always did).
+struct BwdArgs {
   const float* __restrict__ q;
   const float* __restrict__ k;
   const float* __restrict__ v;
@@ -39,6 +44,24 @@ struct BwdParams {
   float scale;
   bool causal;
 };
+
+// What a caller fills in (launch_backward below): the arguments above, dQ, and the features.
+// Zero-initialised (BwdParams bp{}), block mask and dropout are off.
+struct BwdParams : BwdArgs {
+  float* __restrict__ dq;  // [B, H, M, D], the output: scale * dQ_acc
+  // Block-sparse mask (blk_count null: dense), as the host's q_block_lists (common/
+  // block_mask.hpp): row r = (mask batch * mask_heads + mask head) * mask_k_blocks + key block
+  // keeps blk_count[r] query blocks, ascending, at blk_index[r * mask_q_blocks ...]. The tiles
+  // must divide the mask block: Br = 64 | mask_block_q, Bc = 64 | mask_block_k.
+  const int32_t* blk_count;
+  const int32_t* blk_index;
+  int mask_batch, mask_heads, mask_q_blocks, mask_k_blocks, mask_block_q, mask_block_k;
+  // Dropout (dropout_p = 0: none): the forward's rate and Philox key.
+  double dropout_p;
+  uint64_t dropout_seed;
+};
+template <bool kDropout, bool kSparse>
+using BwdArgsFor = std::conditional_t<kDropout || kSparse, WithFeatures<BwdArgs>, BwdArgs>;
 
 // D_i = dO_i . O_i, one thread per row, summed over k in order with one fmaf per term: the
 // order in which abt_tile sums dP_ij = dO_i . V_j. Where a row sees a single key, P_ij = 1 and
@@ -110,8 +133,9 @@ constexpr size_t bwd_smem_bytes() {
          size_t((2 * kBrBwd + 2 * kBc) * L::kLd + 2 * kBrBwd * L::kLdP + 3 * kBrBwd);
 }
 
-template <int D>
-__global__ void __launch_bounds__(kBwdThreads) backward_kernel(const BwdParams p) {
+template <int D, bool kDropout = false, bool kSparse = false>
+__global__ void __launch_bounds__(kBwdThreads)
+    backward_kernel(const BwdArgsFor<kDropout, kSparse> p) {
   using L = Layout<D>;
   extern __shared__ float4 smem4[];
   const int tid = threadIdx.x, tx = tid % kTX, ty = tid / kTX;
@@ -140,7 +164,24 @@ __global__ void __launch_bounds__(kBwdThreads) backward_kernel(const BwdParams p
   // to dK_j, dV_j on chip: no atomics for dK, dV.
   for (int g = 0; g < p.group; ++g) {
     const size_t q_head = (size_t(b) * p.heads + hk * p.group + g) * p.seq_q;
-    for (int it = it0; it < tr; ++it) {
+    // The Q tiles visited: it = it0 .. tr - 1, or (block-sparse) the tiles of the kept query
+    // blocks in this head's mask row for K_j, ascending, within [it0, tr): x counts them, and
+    // tile x is the (x % sub)-th tile of block list[x / sub] (sub = mask_sub tiles a block).
+    int x0 = it0, n_x = tr;
+    [[maybe_unused]] const int32_t* list = nullptr;
+    if constexpr (kSparse) {
+      const size_t row = size_t(b) * p.f.mask_bstride +
+                         (size_t(hk) * p.group + g) * p.f.mask_hstride + jt / p.f.mask_tiles;
+      list = p.f.blk_index + row * p.f.mask_blocks;
+      x0 = 0, n_x = p.f.blk_count[row] * p.f.mask_sub;
+    }
+    for (int x = x0; x < n_x; ++x) {
+      int it = x;
+      if constexpr (kSparse) {
+        it = list[x / p.f.mask_sub] * p.f.mask_sub + x % p.f.mask_sub;
+        if (it < it0) continue;  // causally invisible
+        if (it >= tr) break;     // past the last query (a mask block may extend past it)
+      }
       const int i0 = it * kBrBwd, rows = min(kBrBwd, p.seq_q - i0);
       const size_t q_off = (q_head + i0) * D;
       __syncthreads();  // the last Q tile is done with Q_i, dO_i, P_ij, dS_ij, L_i, D_i
@@ -161,6 +202,23 @@ __global__ void __launch_bounds__(kBwdThreads) backward_kernel(const BwdParams p
       abt_tile<D, 4>(s, Qs, ty, kTX, Ks, tx);    // S_ij = Q_i K_j^T
       abt_tile<D, 4>(dp, dOs, ty, kTX, Vs, tx);  // dP_ij = dO_i V_j^T
       const bool mask = j0 + kBc > p.seq_k || (p.causal && j0 + kBc - 1 > i0 + p.seq_k - p.seq_q);
+      // Dropout: Z_ij of this thread's 16 elements, bit 4r + c (row ty + 16r, key tx + 16c;
+      // one Philox call each, in a rolled loop as in the forward); dP_ij becomes
+      // dP_ij o Z_ij / (1 - p) here, P_ij becomes P_ij o Z_ij after the exercise below.
+      [[maybe_unused]] uint32_t kept_bits = 0;
+      if constexpr (kDropout) {
+#pragma unroll 1
+        for (int e = 0; e < 4 * kTN; ++e) {
+          const int i = i0 + ty + kTX * (e / kTN), j = j0 + tx + kTX * (e % kTN);
+          kept_bits |= uint32_t(dropout::keep(p.f.seed, p.f.drop_thresh, b, hk * p.group + g, i, j))
+                       << e;
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+          for (int c = 0; c < kTN; ++c)
+            dp[r][c] = (kept_bits >> (4 * r + c)) & 1u ? dp[r][c] * p.f.drop_scale : 0.f;
+      }
       // EXERCISE BEGIN backward-ds
       // For each element of this thread's micro-tile (row ty + 16r, key tx + 16c): P_ij from
       // S_ij and the saved LSE + LSE_lo (Ls holds +inf for rows with none, so P = 0 there), 0 where
@@ -182,6 +240,13 @@ __global__ void __launch_bounds__(kBwdThreads) backward_kernel(const BwdParams p
         }
       }
       // EXERCISE END
+      if constexpr (kDropout)  // dV_j's P_ij o Z_ij (the same thread wrote it: no barrier)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+          for (int c = 0; c < kTN; ++c)
+            if (!((kept_bits >> (4 * r + c)) & 1u))
+              Ps[(ty + kTX * r) * L::kLdP + tx + kTX * c] = 0.f;
       __syncthreads();  // P_ij and dS_ij are complete
 
       atb_tile<D>(dv, Ps, dOs, ty, tx);  // dV_j += P_ij^T dO_i
@@ -212,9 +277,53 @@ __global__ void __launch_bounds__(kBwdThreads) backward_kernel(const BwdParams p
     for (int c = 0; c < D / 32; ++c) {
       *reinterpret_cast<float2*>(p.dk + row + 32 * c) =
           make_float2(p.scale * dk[r][2 * c], p.scale * dk[r][2 * c + 1]);
-      *reinterpret_cast<float2*>(p.dv + row + 32 * c) = make_float2(dv[r][2 * c], dv[r][2 * c + 1]);
+      if constexpr (kDropout)  // dV_j summed P o Z: now the 1 / (1 - p)
+        *reinterpret_cast<float2*>(p.dv + row + 32 * c) =
+            make_float2(p.f.drop_scale * dv[r][2 * c], p.f.drop_scale * dv[r][2 * c + 1]);
+      else
+        *reinterpret_cast<float2*>(p.dv + row + 32 * c) =
+            make_float2(dv[r][2 * c], dv[r][2 * c + 1]);
     }
   }
+}
+
+template <int D, bool kDropout, bool kSparse>
+void launch_backward_main(const BwdParams& p, cudaStream_t stream) {
+  static std::atomic<uint64_t> done{0};  // devices this kernel may use all shared memory on
+  const auto kernel = backward_kernel<D, kDropout, kSparse>;
+  if (allow_device_smem(reinterpret_cast<const void*>(kernel), done) != cudaSuccess) return;
+  const dim3 grid(unsigned((p.seq_k + kBc - 1) / kBc), unsigned(p.heads_kv), unsigned(p.batch));
+  if constexpr (kDropout || kSparse) {
+    WithFeatures<BwdArgs> a{};
+    static_cast<BwdArgs&>(a) = p;
+    a.f = feature_args(p, false, kBrBwd, kBc);
+    kernel<<<grid, kBwdThreads, bwd_smem_bytes<D>(), stream>>>(a);
+  } else {
+    kernel<<<grid, kBwdThreads, bwd_smem_bytes<D>(), stream>>>(p);  // the BwdArgs part of p
+  }
+}
+
+// The backward of head dim D on `stream`, from the forward's O, LSE and LSE_lo: the pre-pass
+// (D_i, dQ_acc = 0), the main kernel (dK, dV; dQ_acc by atomics; its instantiation from the
+// features) and dQ = scale dQ_acc. Launch errors are left for the caller's cudaGetLastError().
+template <int D>
+void launch_backward(const BwdParams& p, cudaStream_t stream) {
+  const int64_t rows = int64_t(p.batch) * p.heads * p.seq_q, n = rows * D;
+  // (D_i: the pre-pass writes it, the main kernel reads it through the const pointer.)
+  backward_prepass_kernel<<<unsigned((rows + 255) / 256), 256, 0, stream>>>(
+      p.dout, p.o, const_cast<float*>(p.dsum), p.dq_acc, rows, D);
+  const bool drop = p.dropout_p > 0, sparse = p.blk_count != nullptr;
+  if (drop && sparse)
+    launch_backward_main<D, true, true>(p, stream);
+  else if (drop)
+    launch_backward_main<D, true, false>(p, stream);
+  else if (sparse)
+    launch_backward_main<D, false, true>(p, stream);
+  else
+    launch_backward_main<D, false, false>(p, stream);
+  const int64_t blocks = (n + 255) / 256;  // a grid-stride loop: any count of blocks works
+  backward_dq_kernel<<<unsigned(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(p.dq_acc, p.dq,
+                                                                                    n, p.scale);
 }
 
 }  // namespace ladder::step05

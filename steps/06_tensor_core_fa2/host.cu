@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -136,33 +137,17 @@ std::string resources(const void* fn, int warps, int smem_bytes) {
   return s.str();
 }
 
-// e.g. "Br=128 Bc=64 warps=4 threads=128 smem=96 KiB regs=255 local=0 B blocks/SM=2"
-std::string describe(const FwdKernel& k) {
+// e.g. "Br=128 Bc=64 warps=4 threads=128 smem=96 KiB regs=255 local=0 B blocks/SM=2", for the
+// instantiation that runs p (dropout and block-sparse ones have their own registers).
+std::string describe(const FwdKernel& k, const FwdParams& p) {
   return "Br=" + std::to_string(k.br) + " Bc=" + std::to_string(k.bc) + " " +
-         resources(k.fn, k.warps, k.smem_bytes);
+         resources(k.fn_for(p), k.warps, k.smem_bytes);
 }
 
 // e.g. "bwd: Bc=128 Br=64 warps=8 threads=256 smem=161 KiB regs=255 local=0 B blocks/SM=1"
-std::string describe(const BwdKernel& k) {
+std::string describe(const BwdKernel& k, const BwdParams& p) {
   return "bwd: Bc=" + std::to_string(k.bc) + " Br=" + std::to_string(k.br) + " " +
-         resources(k.fn, k.warps, k.smem_bytes);
-}
-
-// The descriptor's tiles(): fixed per head dim at compile time (FwdTiles); --tile-q and
-// --tile-k may only name them.
-Tiles fixed_tiles(const Problem& p, const RunOptions& opt, const DeviceInfo&) {
-  const FwdKernel k = select_kernel(p.dtype, p.dim, kAll);
-  if ((opt.tile_q != 0 && opt.tile_q != k.br) || (opt.tile_k != 0 && opt.tile_k != k.bc))
-    throw BadInput("step 06 fixes its tiles at compile time: for --dim " + std::to_string(p.dim) +
-                   " Br = " + std::to_string(k.br) +
-                   " (--tile-q) and Bc = " + std::to_string(k.bc) + " (--tile-k)");
-  return Tiles{k.br, k.bc};
-}
-
-// Device memory beyond inputs and outputs: the backward's fp32 dQ accumulator, and L = LSE
-// log2(e) and D per query row.
-double workspace_bytes(const Problem& p, const RunOptions&) {
-  return p.backward ? 4.0 * double(p.q_numel()) + 8.0 * double(p.rows()) : 0.0;
+         resources(k.fn_for(p), k.warps, k.smem_bytes);
 }
 
 const FwdVariant& variant_named(const std::string& name) {
@@ -170,6 +155,64 @@ const FwdVariant& variant_named(const std::string& name) {
     if (name == v.name) return v;
   return kVariants[0];  // the runner resolved the name against the descriptor
 }
+
+// The descriptor's tiles(): fixed per head dim at compile time (FwdTiles); --tile-q and
+// --tile-k may only name them. Also where the features' limits are enforced (exit 2):
+//  - dropout and block masks are template flags of the full kernel only: instantiating them
+//    for every teaching variant too would triple their instantiations and the compile time,
+//    and what a variant measures is a technique, the same with or without the features;
+//  - the backward's tiles (Bc = 128 keys, Br = 64 or 128 queries) must divide the mask block
+//    too, which the runner checks only against the forward's.
+Tiles fixed_tiles(const Problem& p, const RunOptions& opt, const DeviceInfo&) {
+  const FwdKernel k = select_kernel(p.dtype, p.dim, kAll);
+  if ((opt.tile_q != 0 && opt.tile_q != k.br) || (opt.tile_k != 0 && opt.tile_k != k.bc))
+    throw BadInput("step 06 fixes its tiles at compile time: for --dim " + std::to_string(p.dim) +
+                   " Br = " + std::to_string(k.br) +
+                   " (--tile-q) and Bc = " + std::to_string(k.bc) + " (--tile-k)");
+  const bool features = p.dropout > 0 || p.sparsity.active();
+  if (features && variant_named(opt.variant).flags != kAll)
+    throw BadInput("variant '" + opt.variant +
+                   "' of step 06 is built without dropout and block-sparse masks; the default "
+                   "variant '" +
+                   std::string(kVariants[0].name) + "' has them");
+  if (p.backward && p.sparsity.active()) {
+    const BwdKernel bk = select_bwd_kernel(p.dtype, p.dim);
+    if (bk.fn && (p.sparsity.block_q % bk.br != 0 || p.sparsity.block_k % bk.bc != 0))
+      throw BadInput("step 06's backward runs Br x Bc = " + std::to_string(bk.br) + "x" +
+                     std::to_string(bk.bc) + " tiles (queries x keys) at --dim " +
+                     std::to_string(p.dim) + ", which must divide the mask block (--mask-block " +
+                     std::to_string(p.sparsity.block_q) + "x" + std::to_string(p.sparsity.block_k) +
+                     "): use a mask block that is a multiple of them");
+  }
+  return Tiles{k.br, k.bc};
+}
+
+// The block lists' bytes (int32 counts and indices), at most: the forward's per (b, h, query
+// block), the backward's per (b, h, key block); a mask shared by every batch or head (first
+// dimensions of 1) needs fewer.
+double mask_list_bytes(const Problem& p) {
+  if (!p.sparsity.active()) return 0.0;
+  const double rows = double(p.batch) * double(p.heads), qb = double(p.q_blocks()),
+               kb = double(p.k_blocks());
+  return 4.0 * rows * (qb * (1.0 + kb) + (p.backward ? kb * (1.0 + qb) : 0.0));
+}
+
+// Device memory beyond inputs and outputs: the backward's fp32 dQ accumulator, and L = LSE
+// log2(e) and D per query row; the block lists of a block-sparse run.
+double workspace_bytes(const Problem& p, const RunOptions&) {
+  return (p.backward ? 4.0 * double(p.q_numel()) + 8.0 * double(p.rows()) : 0.0) +
+         mask_list_bytes(p);
+}
+
+// A block mask's CSR lists on the device (common/block_mask.hpp).
+struct DeviceLists {
+  DeviceBuffer<int32_t> count, index;
+  explicit DeviceLists(const BlockLists& l) : count(l.count.size()), index(l.index.size()) {
+    count.upload(l.count);
+    index.upload(l.index);
+  }
+  double bytes() const { return double(count.bytes() + index.bytes()); }
+};
 
 template <class T>
 RunResult run_typed(const Problem& p, const Inputs& in, Outputs& out, const RunOptions& opt) {
@@ -187,17 +230,27 @@ RunResult run_typed(const Problem& p, const Inputs& in, Outputs& out, const RunO
   fp.scale = float(std::fabs(p.softmax_scale()));
   fp.scale_log2 = float(std::fabs(p.softmax_scale()) * 1.4426950408889634);  // log2(e)
   fp.causal = p.causal;
+  // Block-sparse: the lists of kept key blocks (and, for the backward, of kept query blocks),
+  // built and uploaded once, outside the timed region, as FlexAttention builds its BlockMask.
+  const BlockMask& m = in.mask;
+  std::optional<DeviceLists> kv_lists, q_lists;
+  if (!m.empty()) {
+    kv_lists.emplace(kv_block_lists(m));
+    fp.blk_count = kv_lists->count.get(), fp.blk_index = kv_lists->index.get();
+    fp.mask_batch = int(m.batch), fp.mask_heads = int(m.heads);
+    fp.mask_q_blocks = int(m.q_blocks), fp.mask_k_blocks = int(m.k_blocks);
+    fp.mask_block_q = int(m.block_q), fp.mask_block_k = int(m.block_k);
+  }
+  fp.dropout_p = p.dropout, fp.dropout_seed = p.dropout_seed;
 
-  CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes));
-  // Two blocks of up to 112 KiB per SM need the largest shared-memory carve-out of L1.
-  CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                  int(cudaSharedmemCarveoutMaxShared)));
+  CUDA_CHECK(k.configure());  // shared-memory limits of every instantiation launch() may run
   g.forward([&] {
-    k.launch(fp);
+    k.launch(fp, 0);
     CUDA_CHECK_LAUNCH();
   });
-  g.result.workspace_bytes = 0;  // O(1) extra memory: the whole of S and P lives on chip
-  g.result.config = describe(k);
+  // O(1) extra memory (the whole of S and P lives on chip), and a mask's block lists.
+  g.result.workspace_bytes = kv_lists ? kv_lists->bytes() : 0.0;
+  g.result.config = describe(k, fp);
 
   if (p.backward) {  // on the O and LSE the forward above has produced
     const BwdKernel bk = select_bwd_kernel(p.dtype, p.dim);
@@ -213,20 +266,26 @@ RunResult run_typed(const Problem& p, const Inputs& in, Outputs& out, const RunO
     bp.scale = fp.scale, bp.scale_log2 = fp.scale_log2;
     bp.scale_dq = float(p.softmax_scale());  // signed: Q was uploaded as -Q when scale < 0
     bp.causal = p.causal;
-    CUDA_CHECK(
-        cudaFuncSetAttribute(bk.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bk.smem_bytes));
-    CUDA_CHECK(cudaFuncSetAttribute(bk.fn, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                    int(cudaSharedmemCarveoutMaxShared)));
+    if (!m.empty()) {
+      q_lists.emplace(q_block_lists(m));  // outside the timed region, as the forward's
+      bp.blk_count = q_lists->count.get(), bp.blk_index = q_lists->index.get();
+      bp.mask_batch = fp.mask_batch, bp.mask_heads = fp.mask_heads;
+      bp.mask_q_blocks = fp.mask_q_blocks, bp.mask_k_blocks = fp.mask_k_blocks;
+      bp.mask_block_q = fp.mask_block_q, bp.mask_block_k = fp.mask_block_k;
+    }
+    bp.dropout_p = p.dropout, bp.dropout_seed = p.dropout_seed;
+    CUDA_CHECK(bk.configure());
     g.backward([&] {
-      bk.prepass(bp);  // D, LSE log2(e), dQ_acc = 0
+      bk.prepass(bp, 0);  // D, LSE log2(e), dQ_acc = 0
       CUDA_CHECK_LAUNCH();
-      bk.main(bp);  // dK, dV; dQ_acc by atomics
+      bk.main(bp, 0);  // dK, dV; dQ_acc by atomics
       CUDA_CHECK_LAUNCH();
-      bk.finish(bp);  // dQ = scale dQ_acc
+      bk.finish(bp, 0);  // dQ = scale dQ_acc
       CUDA_CHECK_LAUNCH();
     });
-    g.result.workspace_bytes = workspace_bytes(p, opt);
-    g.result.config += "; " + describe(bk);
+    g.result.workspace_bytes = 4.0 * double(p.q_numel()) + 8.0 * double(p.rows()) +
+                               (kv_lists ? kv_lists->bytes() + q_lists->bytes() : 0.0);
+    g.result.config += "; " + describe(bk, bp);
   }
   return g.finish(out);
 }
@@ -256,19 +315,25 @@ const Step& step_06() {
               "backward with a D = rowsum(dO o O) pre-pass and P recomputed from LSE",
               "K/V-outer backward loop with dK_j and dV_j in registers",
               "S^T and dP^T so that P^T and dS^T are A operands in registers",
-              "dQ accumulated by fp32 atomics"};
+              "dQ accumulated by fp32 atomics",
+              "block-sparse masks: masked tiles skipped, K/V never loaded",
+              "dropout regenerated in registers (Philox), never stored"};
     s.device = Device::cuda;
     s.caps.dtypes = {DType::bf16, DType::f16};
     s.caps.head_dims = {32, 64, 96, 128, 256};
     s.caps.causal = true, s.caps.gqa = true, s.caps.backward = true;
     s.caps.backward_head_dims = {32, 64, 96, 128};
+    // Dropout and block masks: the full variant (fixed_tiles refuses the others with them).
+    s.caps.dropout = true, s.caps.block_sparse = true;
     s.caps.max_batch = s.caps.max_heads = 65535;  // grid.z and grid.y
     s.caps.max_seq = int64_t(1) << 30;            // 32-bit row indices
     s.caps.limits =
         "tiles fixed per head dim (Br x Bc: 128 x 128 for d <= 64, 128 x 64 above); variants "
         "other than 'full' are built for bf16 with d 64 and 128 only; the backward runs d 32, "
         "64, 96 and 128 (Bc = 128 keys x Br = 64 queries, 128 at d = 64) and, by its fp32 "
-        "atomics, is not bitwise reproducible in dQ";
+        "atomics, is not bitwise reproducible in dQ; dropout and block-sparse masks in the "
+        "'full' variant only, mask blocks multiples of the forward's tiles (and with "
+        "--backward of the backward's)";
     for (const FwdVariant& v : kVariants) {
       if (v.flags == kAll)
         s.variants.push_back({v.name, v.summary, true});

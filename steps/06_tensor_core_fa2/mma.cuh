@@ -1,5 +1,6 @@
 // The tensor-core vocabulary of step 06, shared by its forward and backward kernels:
-// mma.sync m16n8k16, ldmatrix, cp.async, ex2, and the XOR-swizzled shared-memory layout.
+// mma.sync m16n8k16, ldmatrix, movmatrix, cp.async, ex2, and the XOR-swizzled shared-memory
+// layout.
 //
 // clang-format off
 // Fragment layouts of mma.sync.m16n8k16 (PTX ISA, "Matrix fragments for mma.m16n8k16").
@@ -122,6 +123,17 @@ __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t v) {
 template <>
 __device__ __forceinline__ float2 unpack2<__half>(uint32_t v) {
   return __half22float2(*reinterpret_cast<const __half2*>(&v));
+}
+
+// The transpose of an 8x8 matrix of 16-bit values held in the fragment layout above (lane (g, t)
+// holds row g, columns 2t and 2t + 1, the lower column in the low half): the result is the
+// transposed matrix in the same layout, so lane (g, t) receives (2t, g) in its low half and
+// (2t + 1, g) in its high half. One instruction (movmatrix, sm_75+) instead of two shuffles
+// and a byte permute.
+__device__ __forceinline__ uint32_t transpose_b16(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
 }
 
 // 2^x on the special-function unit; ex2.approx(-inf) = +0, which the masking relies on.

@@ -4,7 +4,8 @@
 // with log2(e) folded into the scale; O staged through shared memory for 16-byte stores;
 // backward with a D = rowsum(dO o O) pre-pass and P recomputed from LSE; K/V-outer backward
 // loop with dK_j and dV_j in registers; S^T and dP^T so that P^T and dS^T are A operands in
-// registers; dQ accumulated by fp32 atomics.
+// registers; dQ accumulated by fp32 atomics; block-sparse masks: masked tiles skipped, K/V never
+// loaded; dropout regenerated in registers (Philox), never stored.
 //
 // Where it sits: the top of the ladder. Step 05 has FlashAttention-2's loop order and
 // tiling in fp32 on the CUDA cores, whose FFMA ceiling (~51 TFLOP/s measured) it cannot
@@ -53,19 +54,35 @@
 //     O_i = alpha O_i + P V_j     A = P straight from the S registers, B = V_j via ldmatrix.trans
 //   O_i /= l_i (one division per row), LSE_i = scale * m_i + log l_i; O_i staged through
 //   shared memory for 16-byte coalesced stores.
+// Block-sparse masks and dropout are template flags of the full kernel (kSparse, kDropout), so
+// the dense kernels without dropout are the code above, unchanged:
+//   kSparse:  the loop walks the host's list of kept key blocks for this Q tile's mask row
+//             (kv_block_lists, uploaded once, outside the timed region, as FlexAttention builds
+//             its BlockMask): a masked tile is never loaded, and cp.async prefetches the next
+//             kept tile. Inside a kept tile the causal and sequence-end masks apply as before.
+//   kDropout: Z_ij is regenerated in registers (common/dropout.hpp): one Philox4x32-10 call per
+//             16 x 16 block of S gives exactly this lane's 8 elements of it, applied to P after
+//             the row sum (l sums the undropped P) and before P becomes the A operand of P V;
+//             1 / (1 - p) is folded into the epilogue's 1 / l. Z is never stored.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
+#include "dropout.hpp"
 #include "exercise.hpp"
 #include "mma.cuh"
 
 namespace ladder::step06 {
 
-struct FwdParams {
+// The forward's arguments, as its dense kernel takes them: exactly the fields it always took.
+// nvcc treats a kernel parameter struct of over 128 bytes as memory, reading each field where
+// it is used (ld.param inside the loop) instead of once at the top; at 255 registers the code
+// that results spills (ptxas -v, d = 64: 32 bytes with a 136-byte struct, none at 128 bytes).
+struct FwdArgs {
   const void* q;                      // [B, H, M, d] in T
   const void* k;                      // [B, Hkv, N, d]
   const void* v;                      // [B, Hkv, N, d]
@@ -77,6 +94,50 @@ struct FwdParams {
   float scale_log2;  // scale * log2(e)
   bool causal;
 };
+
+// What a caller fills in to run the forward (FwdKernel::launch below): the arguments above and
+// the features. Zero-initialised (FwdParams fp{}), there is neither block mask nor dropout and
+// the dense kernel runs.
+struct FwdParams : FwdArgs {
+  // Block-sparse mask (blk_count null: dense), as the host's kv_block_lists (common/
+  // block_mask.hpp): row r = (mask batch * mask_heads + mask head) * mask_q_blocks + query
+  // block keeps blk_count[r] key blocks, ascending, at blk_index[r * mask_k_blocks ...].
+  // mask_batch, mask_heads: 1 shares a row with every batch / query head. The tiles must
+  // divide the mask block: Br | mask_block_q, Bc | mask_block_k.
+  const int32_t* blk_count;
+  const int32_t* blk_index;
+  int mask_batch, mask_heads, mask_q_blocks, mask_k_blocks, mask_block_q, mask_block_k;
+  // Dropout (dropout_p = 0: none): the rate in [0, 1) and the Philox key.
+  double dropout_p;
+  uint64_t dropout_seed;
+};
+
+// The kernels with a block mask or dropout: FwdArgs' fields and the features' in the form the
+// kernel uses, ordered to fit in 128 bytes (after FwdArgs' own padding they would not).
+struct FwdFeatureArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;
+  const int32_t* blk_count;  // the CSR lists, as in FwdParams
+  const int32_t* blk_index;
+  int batch, heads, heads_kv, group;
+  int seq_q, seq_k;
+  // This Q tile's mask row: b * mask_bstride + h * mask_hstride + (Q tile) / mask_q_tiles
+  // (0 strides where the mask is shared); mask_k_tiles K/V tiles per mask key block.
+  int mask_bstride, mask_hstride, mask_q_tiles, mask_k_tiles, mask_k_blocks;
+  float scale, scale_log2;
+  // Dropout's Philox key (the seed's two words) and keep threshold dropout::threshold(p);
+  // drop_scale = 1 / (1 - p). Kernel parameters: uniform, so the key schedule stays in the
+  // uniform datapath.
+  uint32_t seed_lo, seed_hi, drop_thresh;
+  float drop_scale;
+  bool causal;
+};
+static_assert(sizeof(FwdArgs) <= 128 && sizeof(FwdFeatureArgs) <= 128, "see FwdArgs");
+template <bool kDropout, bool kSparse>
+using FwdArgsFor = std::conditional_t<kDropout || kSparse, FwdFeatureArgs, FwdArgs>;
 
 // One bit per technique; a variant is the full kernel with some bits cleared.
 enum FwdFlag : int {
@@ -235,10 +296,69 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int row0, int r
   }
 }
 
-template <class T, int D, int kFlags>
+// ---- block-sparse masks and dropout, shared with the backward ----
+
+// The tiles of the kept blocks in one row of a CSR block list (the host's kv_block_lists or
+// q_block_lists): kept block J covers tiles J * sub .. J * sub + sub - 1 (sub = the mask block
+// over the tile), visited in ascending order from tile `lo` on; `tile` is kNoTile once the
+// row is done. The list entry after the current block is read one block ahead, so that its
+// global-memory latency overlaps a tile's compute instead of holding up the next prefetch.
+// Six registers: the kernels that walk it are at 255 already.
+struct KeptTiles {
+  static constexpr int kNoTile = 0x7fffffff;
+  const int32_t* next;  // the list entry after the current block
+  int remaining;        // entries from `next` on
+  int upcoming;         // *next, read ahead (while remaining > 0)
+  int tile, block_end;  // the current tile; one past the current block's last tile
+
+  __device__ __forceinline__ void begin(const int32_t* row, int count, int sub, int lo) {
+    next = row, remaining = count;
+    while (remaining > 0 && (__ldg(next) + 1) * sub <= lo) ++next, --remaining;  // below lo
+    tile = kNoTile;
+    if (remaining == 0) return;
+    const int first = __ldg(next) * sub;
+    tile = max(lo, first), block_end = first + sub;
+    ++next, --remaining;
+    if (remaining > 0) upcoming = __ldg(next);
+  }
+  __device__ __forceinline__ void advance(int sub) {
+    if (++tile < block_end) return;
+    if (remaining == 0) {
+      tile = kNoTile;
+      return;
+    }
+    tile = upcoming * sub, block_end = tile + sub;
+    ++next, --remaining;
+    if (remaining > 0) upcoming = __ldg(next);
+  }
+};
+
+// Dropout of one 16 x 16 block of P held in the mma C layout: `ev` and `od` are the lane's
+// elements of the even and odd n8 tile ([0], [1] = row g, columns 2t, 2t + 1; [2], [3] = row
+// g + 8). The lane's Philox call (common/dropout.hpp) holds exactly these 8 elements: w0 = row
+// g of the even tile, w1 = row g of the odd tile, w2 and w3 the same for row g + 8, the even
+// column in the low 16 bits. A dropped P_ij becomes 0. Per pair of elements: the high half is
+// one unsigned compare (w >= t << 16: its low bits cannot change the outcome), the low half
+// an AND and a compare, then two selects: 5 instructions.
+__device__ __forceinline__ void keep_pair(float& lo, float& hi, uint32_t w, uint32_t t) {
+  lo = (w & 0xffffu) >= t ? lo : 0.f;
+  hi = w >= (t << 16) ? hi : 0.f;
+}
+__device__ __forceinline__ void drop_block(float (&ev)[4], float (&od)[4],
+                                           const dropout::Philox4& z, uint32_t t) {
+  keep_pair(ev[0], ev[1], z.w[0], t);
+  keep_pair(od[0], od[1], z.w[1], t);
+  keep_pair(ev[2], ev[3], z.w[2], t);
+  keep_pair(od[2], od[3], z.w[3], t);
+}
+
+// kDropout, kSparse: the features, instantiated for the full variant only (host.cu).
+template <class T, int D, int kFlags, bool kDropout = false, bool kSparse = false>
 __global__ void __launch_bounds__(FwdConfig<T, D, kFlags>::kThreads)
-    forward_kernel(const FwdParams p) {
+    forward_kernel(const FwdArgsFor<kDropout, kSparse> p) {
   using C = FwdConfig<T, D, kFlags>;
+  static_assert(kFlags == kFwdAll || (!kDropout && !kSparse),
+                "dropout and block-sparse masks are built into the full variant only");
   using QKV = typename C::QKV;
   constexpr int kBr = C::kBr, kBc = C::kBc, kS = C::kSlices;
   constexpr int kNT = kBc / 8;  // n8 tiles of S per slice
@@ -287,23 +407,44 @@ __global__ void __launch_bounds__(FwdConfig<T, D, kFlags>::kThreads)
     for (int rh = 0; rh < 2; ++rh) row_m[mi][rh] = kNegInf, row_l[mi][rh] = 0.f;
   }
 
-  if (n_tiles > 0) {
+  // The tiles visited: j = 0 .. n_tiles - 1, or (block-sparse) those of the kept key blocks
+  // of this Q tile's mask row below n_tiles. j is the tile, x counts the tiles visited.
+  int j = 0;
+  [[maybe_unused]] KeptTiles kept;
+  if constexpr (kSparse) {
+    const size_t row =
+        size_t(b) * p.mask_bstride + size_t(h) * p.mask_hstride + (i0 / kBr) / p.mask_q_tiles;
+    kept.begin(p.blk_index + row * p.mask_k_blocks, p.blk_count[row], p.mask_k_tiles, 0);
+    j = kept.tile;
+  }
+  // Dropout's Philox counter is (32 * key 16-block + lane, query 16-block, h, b): the query
+  // 16-block of slice mi is q16 + mi.
+  [[maybe_unused]] const uint32_t q16 = uint32_t(i0 + w_row0) / 16u;
+
+  if (j < n_tiles) {
     load_tile<C, kBr>(sQ, Q, i0, M, tid);
-    load_tile<C, kBc>(sK, K, 0, N, tid);
-    load_tile<C, kBc>(sV, V, 0, N, tid);
+    load_tile<C, kBc>(sK, K, j * kBc, N, tid);
+    load_tile<C, kBc>(sV, V, j * kBc, N, tid);
     if constexpr (C::kAsync) cp_async_commit();
 
-    for (int j = 0; j < n_tiles; ++j) {
-      // K_j, V_j (and at j = 0, Q_i) have landed for every thread, and every warp is done
-      // with tile j - 1, whose stage the next copy overwrites.
+    for (int x = 0; j < n_tiles; ++x) {
+      // K_j, V_j (and the first time, Q_i) have landed for every thread, and every warp is
+      // done with the previous tile, whose stage the next copy overwrites.
       if constexpr (C::kAsync) cp_async_wait_all();
       __syncthreads();
-      const int stage = C::kStages == 2 ? (j & 1) : 0;
+      const int stage = C::kStages == 2 ? ((kSparse ? x : j) & 1) : 0;
+      int jn = j + 1;  // the next tile to visit
+      if constexpr (kSparse) {
+        kept.advance(p.mask_k_tiles);
+        jn = kept.tile;
+      }
+      // (kSparse ? jn : j + 1) below is jn, but spelled so the dense kernel's machine code
+      // stays exactly what it was before the features: with jn, ptxas schedules it otherwise.
       if constexpr (C::kAsync) {
-        if (j + 1 < n_tiles) {  // overlaps with all of this tile's compute
-          const int next = (j + 1) & 1;
-          load_tile<C, kBc>(sK + next * kBc * D, K, (j + 1) * kBc, N, tid);
-          load_tile<C, kBc>(sV + next * kBc * D, V, (j + 1) * kBc, N, tid);
+        if ((kSparse ? jn : j + 1) < n_tiles) {  // overlaps with all of this tile's compute
+          const int next = ((kSparse ? x : j) + 1) & 1;
+          load_tile<C, kBc>(sK + next * kBc * D, K, (kSparse ? jn : j + 1) * kBc, N, tid);
+          load_tile<C, kBc>(sV + next * kBc * D, V, (kSparse ? jn : j + 1) * kBc, N, tid);
           cp_async_commit();
         }
       }
@@ -408,6 +549,12 @@ __global__ void __launch_bounds__(FwdConfig<T, D, kFlags>::kThreads)
 #pragma unroll
         for (int mi = 0; mi < kS; ++mi) {
           if constexpr (C::kPRegs) {
+            if constexpr (kDropout) {  // Z of keys 16kk.. of tile j, rows of slice mi
+              const uint32_t key16 = uint32_t(j) * (kBc / 16) + kk;
+              drop_block(s[mi][2 * kk], s[mi][2 * kk + 1],
+                         dropout::philox(key16 * 32u + lane, q16 + mi, h, b, p.seed_lo, p.seed_hi),
+                         p.drop_thresh);
+            }
             // EXERCISE BEGIN p-fragment
             // Fill a[mi][0..3], the A fragment of P for keys 16kk..16kk+15 of slice mi, from
             // this lane's S registers s[mi][nj][0..3] (C layout: [0], [1] = row g, columns
@@ -435,18 +582,22 @@ __global__ void __launch_bounds__(FwdConfig<T, D, kFlags>::kThreads)
         }
       }
 
-      if constexpr (!C::kAsync) {  // no-cp-async: one stage, loaded only after everyone is done
+      // no-cp-async: one stage, loaded only after everyone is done (a dense kernel: the
+      // features are built into the full variant only)
+      if constexpr (!C::kAsync) {
         if (j + 1 < n_tiles) {
           __syncthreads();
           load_tile<C, kBc>(sK, K, (j + 1) * kBc, N, tid);
           load_tile<C, kBc>(sV, V, (j + 1) * kBc, N, tid);
         }
       }
+      j = jn;
     }
   }
 
   // Epilogue. l_i: each lane summed its own columns; the quad adds its four partial sums
-  // once, here, instead of once per tile. Then one division per row.
+  // once, here, instead of once per tile. Then one division per row, by l_i and, with
+  // dropout, by 1 - p (l_i summed the undropped P: LSE is unaffected).
   float inv_l[kS][2];
 #pragma unroll
   for (int mi = 0; mi < kS; ++mi)
@@ -456,6 +607,7 @@ __global__ void __launch_bounds__(FwdConfig<T, D, kFlags>::kThreads)
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       inv_l[mi][rh] = l > 0.f ? 1.f / l : 0.f;  // l = 0: no visible key, O = 0
+      if constexpr (kDropout) inv_l[mi][rh] *= p.drop_scale;
       const int row = i0 + w_row0 + mi * 16 + g + rh * 8;
       if (t == 0 && row < M) LSE[row] = l > 0.f ? row_m[mi][rh] * p.scale + logf(l) : kNegInf;
     }
@@ -500,18 +652,103 @@ __global__ void __launch_bounds__(FwdConfig<T, D, kFlags>::kThreads)
   }
 }
 
-// What the host needs to run one instantiation.
+// What a caller needs to run one (T, d, variant): the launch picks the instantiation for the
+// params' features. fn is the dense, no-dropout one (occupancy and resource queries).
 struct FwdKernel {
-  const void* fn = nullptr;  // for cudaFuncGetAttributes / occupancy queries
-  void (*launch)(const FwdParams&) = nullptr;
+  const void* fn = nullptr;
+  // The instantiation launch() runs for these params (dropout and block-sparse ones differ).
+  const void* (*fn_for)(const FwdParams& p) = nullptr;
+  // Sets the dynamic shared-memory limit and the shared-memory carve-out of every instantiation
+  // launch() may run: call it once per device before the first launch. Returns the first
+  // error.
+  cudaError_t (*configure)() = nullptr;
+  // Enqueues the forward on `stream`: the grid, the instantiation and its arguments (mask
+  // strides, Philox key, threshold, 1 / (1 - p)) from the params, on the host. Launch errors
+  // are left for the caller's cudaGetLastError().
+  void (*launch)(const FwdParams& p, cudaStream_t stream) = nullptr;
   int br = 0, bc = 0, warps = 0, smem_bytes = 0;
+  bool features = false;  // dropout and block-sparse masks (the full variant; others ignore them)
 };
 
-template <class T, int D, int kFlags>
-void launch_fwd(const FwdParams& p) {
+// The arguments of a kernel with the features, from p: the mask row strides (0 where shared),
+// the tiles per mask block, the Philox key, the threshold and 1 / (1 - p), all computed here,
+// on the host.
+inline FwdFeatureArgs fwd_feature_args(const FwdParams& p, int br, int bc) {
+  FwdFeatureArgs a{};
+  a.q = p.q, a.k = p.k, a.v = p.v, a.o = p.o, a.lse = p.lse;
+  a.batch = p.batch, a.heads = p.heads, a.heads_kv = p.heads_kv, a.group = p.group;
+  a.seq_q = p.seq_q, a.seq_k = p.seq_k, a.scale = p.scale, a.scale_log2 = p.scale_log2;
+  a.causal = p.causal;
+  if (p.blk_count) {
+    a.blk_count = p.blk_count, a.blk_index = p.blk_index;
+    a.mask_hstride = p.mask_heads == 1 ? 0 : p.mask_q_blocks;
+    a.mask_bstride = p.mask_batch == 1 ? 0 : p.mask_heads * p.mask_q_blocks;
+    a.mask_q_tiles = p.mask_block_q / br, a.mask_k_tiles = p.mask_block_k / bc;
+    a.mask_k_blocks = p.mask_k_blocks;
+  }
+  if (p.dropout_p > 0) {
+    a.seed_lo = uint32_t(p.dropout_seed), a.seed_hi = uint32_t(p.dropout_seed >> 32);
+    a.drop_thresh = dropout::threshold(p.dropout_p);
+    a.drop_scale = float(1.0 / (1.0 - p.dropout_p));
+  }
+  return a;
+}
+
+template <class T, int D, int kFlags, bool kDropout, bool kSparse>
+void launch_fwd_as(const FwdArgsFor<kDropout, kSparse>& a, int batch, cudaStream_t stream) {
   using C = FwdConfig<T, D, kFlags>;
-  const dim3 grid(unsigned((p.seq_q + C::kBr - 1) / C::kBr), unsigned(p.heads), unsigned(p.batch));
-  forward_kernel<T, D, kFlags><<<grid, C::kThreads, C::kSmemBytes>>>(p);
+  const dim3 grid(unsigned((a.seq_q + C::kBr - 1) / C::kBr), unsigned(a.heads), unsigned(batch));
+  forward_kernel<T, D, kFlags, kDropout, kSparse><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
+}
+
+// The instantiation for p's features (the teaching variants have only the dense one).
+template <class T, int D, int kFlags>
+const void* fwd_fn_for(const FwdParams& p) {
+  if constexpr (kFlags == kFwdAll) {
+    const bool drop = p.dropout_p > 0, sparse = p.blk_count != nullptr;
+    if (drop && sparse)
+      return reinterpret_cast<const void*>(&forward_kernel<T, D, kFlags, true, true>);
+    if (drop) return reinterpret_cast<const void*>(&forward_kernel<T, D, kFlags, true, false>);
+    if (sparse) return reinterpret_cast<const void*>(&forward_kernel<T, D, kFlags, false, true>);
+  }
+  return reinterpret_cast<const void*>(&forward_kernel<T, D, kFlags>);
+}
+
+template <class T, int D, int kFlags>
+void launch_fwd(const FwdParams& p, cudaStream_t stream) {
+  using C = FwdConfig<T, D, kFlags>;
+  if constexpr (kFlags == kFwdAll) {
+    // dropout_p = 0 is no dropout at all: the kernel without it, bit for bit.
+    const bool drop = p.dropout_p > 0, sparse = p.blk_count != nullptr;
+    if (drop || sparse) {
+      const FwdFeatureArgs a = fwd_feature_args(p, C::kBr, C::kBc);
+      if (drop && sparse) return launch_fwd_as<T, D, kFlags, true, true>(a, p.batch, stream);
+      if (drop) return launch_fwd_as<T, D, kFlags, true, false>(a, p.batch, stream);
+      return launch_fwd_as<T, D, kFlags, false, true>(a, p.batch, stream);
+    }
+  }
+  launch_fwd_as<T, D, kFlags, false, false>(p, p.batch, stream);  // FwdArgs: p's first part
+}
+
+template <class T, int D, int kFlags>
+cudaError_t configure_fwd() {
+  const void* fns[4] = {reinterpret_cast<const void*>(&forward_kernel<T, D, kFlags>)};
+  int n = 1;
+  if constexpr (kFlags == kFwdAll) {
+    fns[n++] = reinterpret_cast<const void*>(&forward_kernel<T, D, kFlags, true, false>);
+    fns[n++] = reinterpret_cast<const void*>(&forward_kernel<T, D, kFlags, false, true>);
+    fns[n++] = reinterpret_cast<const void*>(&forward_kernel<T, D, kFlags, true, true>);
+  }
+  for (int i = 0; i < n; ++i) {
+    cudaError_t e = cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         FwdConfig<T, D, kFlags>::kSmemBytes);
+    // Two blocks of up to 112 KiB per SM need the largest shared-memory carve-out of L1.
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(fns[i], cudaFuncAttributePreferredSharedMemoryCarveout,
+                               int(cudaSharedmemCarveoutMaxShared));
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 template <class T, int D, int kFlags>
@@ -519,8 +756,11 @@ FwdKernel fwd_kernel() {
   using C = FwdConfig<T, D, kFlags>;
   FwdKernel k;
   k.fn = reinterpret_cast<const void*>(&forward_kernel<T, D, kFlags>);
+  k.fn_for = &fwd_fn_for<T, D, kFlags>;
+  k.configure = &configure_fwd<T, D, kFlags>;
   k.launch = &launch_fwd<T, D, kFlags>;
   k.br = C::kBr, k.bc = C::kBc, k.warps = C::kWarps, k.smem_bytes = C::kSmemBytes;
+  k.features = kFlags == kFwdAll;
   return k;
 }
 

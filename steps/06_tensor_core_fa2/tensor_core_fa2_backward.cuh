@@ -25,20 +25,32 @@
 // Q_i, dO_i, L_i, D_i arrive by cp.async in two stages (item x + 1 loads during item x), and
 // dS^T has two buffers, so that the dQ product of item x runs after the barrier that opens
 // item x + 1: one barrier per Q tile.
+//
+// Block-sparse masks and dropout, template flags of the main kernel as in the forward:
+//   kSparse:  the block walks, for each query head of the group, the host's list of kept query
+//             blocks of its key block (q_block_lists): a masked Q tile is never loaded.
+//   kDropout: Z is regenerated per 16 x 16 block of S^T (below, at the dS^T loop), then
+//             dV_j += (P o Z)^T dO_i (1 / (1 - p) applied to dV_j once, at the end),
+//             dP = (dO_i V_j^T) o Z / (1 - p), dS = P o (dP - D) with the undropped P; D is the
+//             pre-pass's rowsum(dO o O) as before (O already holds the dropout).
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
+#include "dropout.hpp"
 #include "exercise.hpp"
 #include "tensor_core_fa2.cuh"  // the fragment loaders load_a and load_b_kn, and load_tile
 #include "mma.cuh"
 
 namespace ladder::step06 {
 
-struct BwdParams {
+// The backward's arguments, as its dense kernels take them: exactly the fields they always
+// took (the parameter struct's layout shapes nvcc's code: see FwdArgs).
+struct BwdArgs {
   const void* q;     // [B, H, M, d] in T (the forward's Q: negated when scale < 0)
   const void* k;     // [B, Hkv, N, d]
   const void* v;     // [B, Hkv, N, d]
@@ -57,6 +69,36 @@ struct BwdParams {
   float scale_dq;    // the signed scale: dQ = scale dS K for the caller's Q
   bool causal;
 };
+
+// What a caller fills in to run the backward (BwdKernel below): the arguments above and the
+// features. Zero-initialised (BwdParams bp{}), the block mask and dropout are off.
+struct BwdParams : BwdArgs {
+  // Block-sparse mask (blk_count null: dense), as the host's q_block_lists (common/
+  // block_mask.hpp): row r = (mask batch * mask_heads + mask head) * mask_k_blocks + key block
+  // keeps blk_count[r] query blocks, ascending, at blk_index[r * mask_q_blocks ...]. The tiles
+  // must divide the mask block: Br | mask_block_q, Bc | mask_block_k.
+  const int32_t* blk_count;
+  const int32_t* blk_index;
+  int mask_batch, mask_heads, mask_q_blocks, mask_k_blocks, mask_block_q, mask_block_k;
+  // Dropout (dropout_p = 0: none): the forward's rate and Philox key.
+  double dropout_p;
+  uint64_t dropout_seed;
+};
+
+// The main kernel with a block mask or dropout takes BwdFeatureArgs.
+struct BwdFeatureArgs : BwdArgs {
+  const int32_t* blk_count;  // the CSR lists, as in BwdParams
+  const int32_t* blk_index;
+  // The mask row of (b, query head h, K/V tile): b * mask_bstride + h * mask_hstride + (K/V
+  // tile) / mask_k_tiles (0 strides where the mask is shared); mask_q_tiles Q tiles per mask
+  // query block.
+  int mask_bstride, mask_hstride, mask_q_tiles, mask_k_tiles, mask_q_blocks;
+  // Dropout: the Philox key, the keep threshold dropout::threshold(p), 1 / (1 - p).
+  uint32_t seed_lo, seed_hi, drop_thresh;
+  float drop_scale;
+};
+template <bool kDropout, bool kSparse>
+using BwdArgsFor = std::conditional_t<kDropout || kSparse, BwdFeatureArgs, BwdArgs>;
 
 // The tiles. Bc = 128 keys (8 warps x 16): a larger Bc means fewer passes over Q_i, dO_i and
 // fewer dQ atomics (both scale with Tc = N / Bc).
@@ -139,6 +181,50 @@ __device__ __forceinline__ void warp_rows_abt(float (&c)[kNT][4], const T* a, in
   }
 }
 
+// ---- block-sparse masks: the items a block walks ----
+
+// The Q tiles of the kept query blocks in each query head's mask row for this block's key
+// block (blockIdx.x), head after head of the GQA group, each head from Q tile lo up to (not
+// including) end. The row of query head hk * group + hh: b * mask_bstride + (hk * group + hh)
+// * mask_hstride + blockIdx.x / mask_k_tiles.
+struct KeptItems {
+  KeptTiles kept;
+  int head;  // the head of the group the walk is in
+
+  __device__ __forceinline__ static size_t row(const BwdFeatureArgs& p, int b, int hk, int hh) {
+    return size_t(b) * p.mask_bstride + (size_t(hk) * p.group + hh) * p.mask_hstride +
+           blockIdx.x / p.mask_k_tiles;
+  }
+  __device__ __forceinline__ void begin_head(const BwdFeatureArgs& p, int b, int hk, int lo) {
+    const size_t r = row(p, b, hk, head);
+    kept.begin(p.blk_index + r * p.mask_q_blocks, p.blk_count[r], p.mask_q_tiles, lo);
+  }
+  // How many items there are in all.
+  __device__ __forceinline__ static int count(const BwdFeatureArgs& p, int b, int hk, int lo,
+                                              int end) {
+    int n = 0;
+    for (int hh = 0; hh < p.group; ++hh) {
+      const size_t r = row(p, b, hk, hh);
+      const int32_t* list = p.blk_index + r * p.mask_q_blocks;
+      for (int e = 0; e < p.blk_count[r]; ++e) {
+        const int first = __ldg(list + e) * p.mask_q_tiles;
+        n += max(0, min(first + p.mask_q_tiles, end) - max(first, lo));
+      }
+    }
+    return n;
+  }
+  // To the first item, and from one item to the next: only while another one is left.
+  __device__ __forceinline__ void first(const BwdFeatureArgs& p, int b, int hk, int lo, int end) {
+    head = 0;
+    begin_head(p, b, hk, lo);
+    while (kept.tile >= end) ++head, begin_head(p, b, hk, lo);
+  }
+  __device__ __forceinline__ void next(const BwdFeatureArgs& p, int b, int hk, int lo, int end) {
+    kept.advance(p.mask_q_tiles);
+    while (kept.tile >= end) ++head, begin_head(p, b, hk, lo);
+  }
+};
+
 // ---- pre-pass: D = rowsum(dO o O), L = LSE log2(e), dQ_acc = 0 ----
 
 constexpr int kPrepassThreads = 256, kPrepassRows = kPrepassThreads / 8;  // 8 lanes per row
@@ -146,8 +232,7 @@ constexpr int kPrepassThreads = 256, kPrepassRows = kPrepassThreads / 8;  // 8 l
 // Eight lanes per row, each summing 8-element (16-byte) chunks c, c + 8, ... of dO and O in
 // fp32, then three xor-shuffles within the 8. Memory-bound: it reads O and dO once.
 template <class T>
-__global__ void __launch_bounds__(kPrepassThreads)
-    backward_prepass_kernel(const BwdParams p, int d) {
+__global__ void __launch_bounds__(kPrepassThreads) backward_prepass_kernel(const BwdArgs p, int d) {
   const int64_t rows = int64_t(p.batch) * p.heads * p.seq_q;
   const int sub = threadIdx.x & 7;
   const int64_t row0 = int64_t(blockIdx.x) * kPrepassRows, row = row0 + threadIdx.x / 8;
@@ -186,8 +271,9 @@ __global__ void __launch_bounds__(kPrepassThreads)
 
 // ---- the main kernel ----
 
-template <class T, int D>
-__global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1) backward_kernel(const BwdParams p) {
+template <class T, int D, bool kDropout = false, bool kSparse = false>
+__global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
+    backward_kernel(const BwdArgsFor<kDropout, kSparse> p) {
   using C = BwdConfig<T, D>;
   using QKV = typename C::QKV;
   using DSL = typename C::DSL;
@@ -224,7 +310,6 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1) backward_kernel(
   // i_first on of each head hk * group .. hk * group + group - 1 in turn.
   const int tiles_q = (M + kBr - 1) / kBr;
   const int i_first = p.causal ? max(0, j0 - (N - M)) / kBr : 0;
-  const int n_items = p.group * (tiles_q - i_first);
   struct Item {
     size_t bh;  // batch * heads + query head
     int i0;     // first query row of the tile
@@ -234,6 +319,15 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1) backward_kernel(
     if (it.i0 >= M) it.i0 = i_first * kBr, ++it.bh;
     return it;
   };
+  // Block-sparse: of each query head's Q tiles from i_first on, only those of the kept query
+  // blocks in the head's mask row for this key block (q_block_lists), head after head.
+  [[maybe_unused]] KeptItems walk;
+  const int n_items = [&] {
+    if constexpr (kSparse)
+      return walk.count(p, b, hk, i_first, tiles_q);
+    else
+      return p.group * (tiles_q - i_first);
+  }();
 
   // Q_i, dO_i (zero-filled past M), L_i and D_i (zero past M) of an item into stage s.
   auto load_item = [&](const Item& it, int s) {
@@ -328,6 +422,13 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1) backward_kernel(
   load_tile<C, kBc>(sK, K, j0, N, tid);
   load_tile<C, kBc>(sV, V, j0, N, tid);
   Item cur = {size_t(b) * p.heads + size_t(hk) * p.group, i_first * kBr}, prev = cur;
+  [[maybe_unused]] const size_t bh0 = cur.bh;  // the group's first query head
+  if constexpr (kSparse) {
+    if (n_items > 0) {
+      walk.first(p, b, hk, i_first, tiles_q);
+      cur.bh = bh0 + walk.head, cur.i0 = walk.kept.tile * kBr, prev = cur;
+    }
+  }
   if (n_items > 0) load_item(cur, 0);
   cp_async_commit();
 
@@ -337,7 +438,14 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1) backward_kernel(
     cp_async_wait_all();
     __syncthreads();
     const int s = x & 1;
-    const Item next = next_item(cur);
+    Item next = next_item(cur);
+    if constexpr (kSparse) {
+      next = cur;
+      if (x + 1 < n_items) {
+        walk.next(p, b, hk, i_first, tiles_q);
+        next.bh = bh0 + walk.head, next.i0 = walk.kept.tile * kBr;
+      }
+    }
     if (x + 1 < n_items) {  // overlaps with all of this item's compute
       load_item(next, s ^ 1);
       cp_async_commit();
@@ -393,13 +501,58 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1) backward_kernel(
     warp_rows_abt<QKV, T, D>(dp_t, sV, w_row0, sdOi, lane);
 
     // dS^T = P^T o (dP^T - D_i), from the rounded P (the P that dV uses), packed like P^T.
+    // With dropout, Z of each 16 x 16 block of S^T (this warp's keys, queries 16 (nt / 2)..)
+    // first turns dP^T into dP^T o Z / (1 - p) and P^T, for dV, into P^T o Z; dS takes the
+    // undropped P.
+    //   Z in the S^T layout: lane (g, t) holds keys {g, g + 8} x queries {2t, 2t + 1, 2t + 8,
+    //   2t + 9} of the block, which the forward's layout spreads over lanes 8t + g / 2 and
+    //   8t + 4 + g / 2, four halves of each one's Philox call. Two calls per lane would double
+    //   the generator (about 40 instructions per call: 10 rounds of 2 IMAD.WIDE + 2 LOP3).
+    //   Instead each lane makes the forward's call for its own lane number: those 8 halves
+    //   are the transposed block's, and as four 8 x 8 matrices of 16-bit values in the
+    //   fragment layout, one movmatrix each (transpose_b16) hands every lane its own: one
+    //   Philox call + 4 movmatrix per 16 x 16 block (about 44 instructions for 8 elements),
+    //   then per element about 4.5 (compare, two selects, a multiply, half a pack).
+    [[maybe_unused]] uint32_t z[4];
+    [[maybe_unused]] const uint32_t key16 = uint32_t(j0 + w_row0) / 16u, q16 = uint32_t(i0) / 16u;
+    [[maybe_unused]] const uint32_t hq = uint32_t(cur.bh - size_t(b) * p.heads);
     uint32_t ds_t[kNT][2];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
+      if constexpr (kDropout) {
+        if (nt % 2 == 0) {
+          // EXERCISE BEGIN dropout-regenerate
+          // Concept: Z is a pure function of (seed, b, h, i, j), so the backward regenerates the
+          // forward's bits; in the transposed S^T layout, by moving them between lanes.
+          //
+          // Z of the 16 x 16 block of S^T at this warp's 16 keys (key 16-block key16) and the
+          // queries of n8 tiles nt, nt + 1 (query 16-block q16 + nt / 2), for query head hq of
+          // batch b. Fill z[0..3], one word per C-layout register pair of that block: z[0] =
+          // key g, tile nt; z[1] = key g + 8, tile nt; z[2], z[3] the same for tile nt + 1; in
+          // each, the low 16 bits are query 2t's uniform, the high 16 bits query 2t + 1's.
+          // Tools: dropout::philox (common/dropout.hpp: which lane of the FORWARD's layout holds
+          // an element, and which of its 8 halves), and transpose_b16 (mma.cuh). One call per
+          // block is enough: ask which forward lane's 8 elements this lane's own number
+          // selects, and where those elements sit in S^T.
+          const dropout::Philox4 zf =
+              dropout::philox(key16 * 32u + lane, q16 + nt / 2, hq, b, p.seed_lo, p.seed_hi);
+#pragma unroll
+          for (int r = 0; r < 4; ++r) z[r] = transpose_b16(zf.w[r]);
+          // EXERCISE END
+        }
+      }
       const float2 di = *reinterpret_cast<const float2*>(sDi + nt * 8 + 2 * t);
 #pragma unroll
       for (int rh = 0; rh < 2; ++rh) {
         const float2 pe = unpack2<T>(p_t[nt][rh]);
+        [[maybe_unused]] uint32_t p_dropped;
+        if constexpr (kDropout) {
+          const uint32_t w = z[(nt & 1) * 2 + rh];
+          const bool keep0 = (w & 0xffffu) >= p.drop_thresh, keep1 = w >= (p.drop_thresh << 16);
+          dp_t[nt][2 * rh] = keep0 ? dp_t[nt][2 * rh] * p.drop_scale : 0.f;
+          dp_t[nt][2 * rh + 1] = keep1 ? dp_t[nt][2 * rh + 1] * p.drop_scale : 0.f;
+          p_dropped = pack2<T>(keep0 ? pe.x : 0.f, keep1 ? pe.y : 0.f);
+        }
         float ds[2];
         // EXERCISE BEGIN backward-ds
         // dS = P o (dP - D) for this lane's two elements e = 0, 1: P in pe.x, pe.y, dP in
@@ -408,6 +561,7 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1) backward_kernel(
         ds[1] = pe.y * (dp_t[nt][2 * rh + 1] - di.y);
         // EXERCISE END
         ds_t[nt][rh] = pack2<T>(ds[0], ds[1]);
+        if constexpr (kDropout) p_t[nt][rh] = p_dropped;  // dV's operand: P o Z
       }
     }
 
@@ -457,7 +611,12 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1) backward_kernel(
       const int at = QKV::at(w_row0 + g + rh * 8, nd * 8 + 2 * t);
       *reinterpret_cast<uint32_t*>(sK + at) =
           pack2<T>(p.scale * acc_dk[nd][2 * rh], p.scale * acc_dk[nd][2 * rh + 1]);
-      *reinterpret_cast<uint32_t*>(sV + at) = pack2<T>(acc_dv[nd][2 * rh], acc_dv[nd][2 * rh + 1]);
+      if constexpr (kDropout)  // dV summed P o Z: now the 1 / (1 - p)
+        *reinterpret_cast<uint32_t*>(sV + at) =
+            pack2<T>(p.drop_scale * acc_dv[nd][2 * rh], p.drop_scale * acc_dv[nd][2 * rh + 1]);
+      else
+        *reinterpret_cast<uint32_t*>(sV + at) =
+            pack2<T>(acc_dv[nd][2 * rh], acc_dv[nd][2 * rh + 1]);
     }
   __syncwarp();
   T* dK = static_cast<T*>(p.dk) + bhk * N * D;
@@ -478,7 +637,7 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1) backward_kernel(
 // ---- post-pass: dQ = scale_dq * dQ_acc in T, 4 elements per thread and step ----
 
 template <class T>
-__global__ void __launch_bounds__(256) backward_dq_kernel(const BwdParams p, int d) {
+__global__ void __launch_bounds__(256) backward_dq_kernel(const BwdArgs p, int d) {
   const int64_t n4 = int64_t(p.batch) * p.heads * p.seq_q * d / 4;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t x = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; x < n4; x += stride) {
@@ -488,36 +647,106 @@ __global__ void __launch_bounds__(256) backward_dq_kernel(const BwdParams p, int
   }
 }
 
-// What the host needs to run the backward of one (T, d): three launches, each followed by
-// the caller's launch check.
+// What a caller needs to run the backward of one (T, d): three launches on one stream, in
+// order (prepass, main, finish), each followed by the caller's launch check. The main launch
+// picks the instantiation for the params' features.
 struct BwdKernel {
-  const void* fn = nullptr;  // the main kernel, for attributes and occupancy queries
-  void (*prepass)(const BwdParams&) = nullptr;
-  void (*main)(const BwdParams&) = nullptr;
-  void (*finish)(const BwdParams&) = nullptr;
+  const void* fn = nullptr;  // the dense main kernel without dropout: occupancy, resources
+  // The main kernel's instantiation for these params.
+  const void* (*fn_for)(const BwdParams& p) = nullptr;
+  // Sets the dynamic shared-memory limit and the carve-out of every main-kernel instantiation:
+  // call it once per device before the first launch. Returns the first error.
+  cudaError_t (*configure)() = nullptr;
+  void (*prepass)(const BwdParams& p, cudaStream_t stream) = nullptr;
+  void (*main)(const BwdParams& p, cudaStream_t stream) = nullptr;
+  void (*finish)(const BwdParams& p, cudaStream_t stream) = nullptr;
   int br = 0, bc = 0, warps = 0, smem_bytes = 0;
 };
 
-template <class T, int D>
-void launch_bwd_prepass(const BwdParams& p) {
-  const int64_t rows = int64_t(p.batch) * p.heads * p.seq_q;
-  backward_prepass_kernel<T>
-      <<<unsigned((rows + kPrepassRows - 1) / kPrepassRows), kPrepassThreads>>>(p, D);
+// The arguments of the main kernel with the features, from p: the mask row strides (0 where
+// shared), the tiles per mask block, the Philox key, the threshold and 1 / (1 - p), computed
+// here, on the host.
+inline BwdFeatureArgs bwd_feature_args(const BwdParams& p, int br, int bc) {
+  BwdFeatureArgs a{};
+  static_cast<BwdArgs&>(a) = p;
+  if (p.blk_count) {
+    a.blk_count = p.blk_count, a.blk_index = p.blk_index;
+    a.mask_hstride = p.mask_heads == 1 ? 0 : p.mask_k_blocks;
+    a.mask_bstride = p.mask_batch == 1 ? 0 : p.mask_heads * p.mask_k_blocks;
+    a.mask_q_tiles = p.mask_block_q / br, a.mask_k_tiles = p.mask_block_k / bc;
+    a.mask_q_blocks = p.mask_q_blocks;
+  }
+  if (p.dropout_p > 0) {
+    a.seed_lo = uint32_t(p.dropout_seed), a.seed_hi = uint32_t(p.dropout_seed >> 32);
+    a.drop_thresh = dropout::threshold(p.dropout_p);
+    a.drop_scale = float(1.0 / (1.0 - p.dropout_p));
+  }
+  return a;
 }
 
 template <class T, int D>
-void launch_bwd_main(const BwdParams& p) {
+void launch_bwd_prepass(const BwdParams& p, cudaStream_t stream) {
+  const int64_t rows = int64_t(p.batch) * p.heads * p.seq_q;
+  backward_prepass_kernel<T>
+      <<<unsigned((rows + kPrepassRows - 1) / kPrepassRows), kPrepassThreads, 0, stream>>>(
+          static_cast<const BwdArgs&>(p), D);
+}
+
+template <class T, int D, bool kDropout, bool kSparse>
+void launch_bwd_main_as(const BwdParams& p, cudaStream_t stream) {
   using C = BwdConfig<T, D>;
   const dim3 grid(unsigned((p.seq_k + C::kBc - 1) / C::kBc), unsigned(p.heads_kv),
                   unsigned(p.batch));
-  backward_kernel<T, D><<<grid, C::kThreads, C::kSmemBytes>>>(p);
+  if constexpr (kDropout || kSparse)
+    backward_kernel<T, D, kDropout, kSparse>
+        <<<grid, C::kThreads, C::kSmemBytes, stream>>>(bwd_feature_args(p, C::kBr, C::kBc));
+  else
+    backward_kernel<T, D>
+        <<<grid, C::kThreads, C::kSmemBytes, stream>>>(static_cast<const BwdArgs&>(p));
 }
 
 template <class T, int D>
-void launch_bwd_dq(const BwdParams& p) {
+void launch_bwd_main(const BwdParams& p, cudaStream_t stream) {
+  // dropout_p = 0 is no dropout at all: the kernel without it, bit for bit.
+  const bool drop = p.dropout_p > 0, sparse = p.blk_count != nullptr;
+  if (drop && sparse) return launch_bwd_main_as<T, D, true, true>(p, stream);
+  if (drop) return launch_bwd_main_as<T, D, true, false>(p, stream);
+  if (sparse) return launch_bwd_main_as<T, D, false, true>(p, stream);
+  launch_bwd_main_as<T, D, false, false>(p, stream);
+}
+
+template <class T, int D>
+const void* bwd_fn_for(const BwdParams& p) {
+  const bool drop = p.dropout_p > 0, sparse = p.blk_count != nullptr;
+  if (drop && sparse) return reinterpret_cast<const void*>(&backward_kernel<T, D, true, true>);
+  if (drop) return reinterpret_cast<const void*>(&backward_kernel<T, D, true, false>);
+  if (sparse) return reinterpret_cast<const void*>(&backward_kernel<T, D, false, true>);
+  return reinterpret_cast<const void*>(&backward_kernel<T, D>);
+}
+
+template <class T, int D>
+cudaError_t configure_bwd() {
+  const void* fns[4] = {reinterpret_cast<const void*>(&backward_kernel<T, D>),
+                        reinterpret_cast<const void*>(&backward_kernel<T, D, true, false>),
+                        reinterpret_cast<const void*>(&backward_kernel<T, D, false, true>),
+                        reinterpret_cast<const void*>(&backward_kernel<T, D, true, true>)};
+  for (const void* fn : fns) {
+    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         BwdConfig<T, D>::kSmemBytes);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               int(cudaSharedmemCarveoutMaxShared));
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+template <class T, int D>
+void launch_bwd_dq(const BwdParams& p, cudaStream_t stream) {
   const int64_t n4 = int64_t(p.batch) * p.heads * p.seq_q * D / 4;
   const int64_t blocks = (n4 + 255) / 256;
-  backward_dq_kernel<T><<<unsigned(blocks < 65536 ? blocks : 65536), 256>>>(p, D);
+  backward_dq_kernel<T><<<unsigned(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(
+      static_cast<const BwdArgs&>(p), D);
 }
 
 template <class T, int D>
@@ -525,6 +754,8 @@ BwdKernel bwd_kernel() {
   using C = BwdConfig<T, D>;
   BwdKernel k;
   k.fn = reinterpret_cast<const void*>(&backward_kernel<T, D>);
+  k.fn_for = &bwd_fn_for<T, D>;
+  k.configure = &configure_bwd<T, D>;
   k.prepass = &launch_bwd_prepass<T, D>;
   k.main = &launch_bwd_main<T, D>;
   k.finish = &launch_bwd_dq<T, D>;
