@@ -1,0 +1,120 @@
+// The CPU implementations of ladder::fwd and ladder::bwd: rung 0, the ladder's float64 oracle
+// (reference/oracle.cpp), on CPU tensors of float64 or float32 (computed in float64). It is
+// what torch.autograd.gradcheck runs against, since no GPU rung computes in float64. Built
+// without CUDA, so it also builds and tests on a machine with no GPU.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <tuple>
+#include <vector>
+
+#include "inputs.hpp"
+#include "oracle.hpp"
+#include "problem.hpp"
+
+namespace {
+
+void check_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+               int64_t rung) {
+  TORCH_CHECK_NOT_IMPLEMENTED(rung == 0, "ladder: rung ", rung,
+                              " runs on CUDA tensors; on CPU tensors only rung 0 (the float64 "
+                              "oracle) runs");
+  TORCH_CHECK_VALUE(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+                    "ladder: q, k, v must be 4-D [batch, heads, seq, dim]; got ", q.sizes(), ", ",
+                    k.sizes(), ", ", v.sizes());
+  TORCH_CHECK_VALUE(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
+                    "ladder: rung 0 needs q, k, v on the CPU");
+  TORCH_CHECK_TYPE((q.scalar_type() == at::kDouble || q.scalar_type() == at::kFloat) &&
+                       k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+                   "ladder: rung 0 takes float64 or float32 q, k, v of one dtype; got ",
+                   q.scalar_type(), ", ", k.scalar_type(), ", ", v.scalar_type());
+  TORCH_CHECK_VALUE(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(3) == q.size(3),
+                    "ladder: k and v must be [batch, heads_kv, seq_k, dim] with q's batch and "
+                    "dim; got q ",
+                    q.sizes(), ", k ", k.sizes(), ", v ", v.sizes());
+  const int64_t h = q.size(1), hkv = k.size(1);
+  TORCH_CHECK_VALUE(hkv > 0 ? h % hkv == 0 : h == 0, "ladder: q's heads (", h,
+                    ") must be a multiple of k's and v's heads (", hkv, ")");
+  TORCH_CHECK_VALUE(std::isfinite(scale) && scale != 0.0,
+                    "ladder: scale must be finite and non-zero; got ", scale);
+}
+
+ladder::Problem problem_of(const at::Tensor& q, const at::Tensor& k, bool causal, double scale,
+                           bool backward) {
+  ladder::Problem p;
+  p.batch = q.size(0), p.heads = q.size(1), p.heads_kv = k.size(1);
+  p.seq_q = q.size(2), p.seq_k = k.size(2), p.dim = q.size(3);
+  p.causal = causal, p.scale = scale;  // non-zero (checked): 0 would mean 1/sqrt(d) there
+  p.dtype = ladder::DType::f64, p.backward = backward;
+  return p;
+}
+
+ladder::Tensor to_host(const at::Tensor& t) {
+  const at::Tensor c = t.to(at::kDouble).contiguous();
+  ladder::Tensor h(std::vector<int64_t>(c.sizes().begin(), c.sizes().end()));
+  std::copy_n(c.const_data_ptr<double>(), h.data.size(), h.data.begin());
+  return h;
+}
+
+at::Tensor from_host(const ladder::Tensor& h, at::ScalarType dtype) {
+  at::Tensor t = at::empty(h.shape, at::kDouble);
+  std::copy(h.data.begin(), h.data.end(), t.mutable_data_ptr<double>());
+  return t.to(dtype);
+}
+
+// Runs the oracle; with dout, the backward too (it recomputes the forward: the oracle is one
+// call).
+ladder::Outputs oracle(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       const at::Tensor* dout, bool causal, double scale) {
+  const ladder::Problem p = problem_of(q, k, causal, scale, dout != nullptr);
+  ladder::Inputs in;
+  in.q = to_host(q), in.k = to_host(k), in.v = to_host(v);
+  if (dout) in.dout = to_host(*dout);
+  ladder::Outputs out;
+  out.o = ladder::Tensor({p.batch, p.heads, p.seq_q, p.dim});
+  out.lse = ladder::Tensor({p.batch, p.heads, p.seq_q}, -std::numeric_limits<double>::infinity());
+  if (dout) {
+    out.dq = ladder::Tensor({p.batch, p.heads, p.seq_q, p.dim});
+    out.dk = ladder::Tensor({p.batch, p.heads_kv, p.seq_k, p.dim});
+    out.dv = ladder::Tensor({p.batch, p.heads_kv, p.seq_k, p.dim});
+  }
+  // Empty problems keep the zeros and -inf above (the contract's "no visible key").
+  if (p.rows() > 0 && p.seq_k > 0) ladder::reference::attention(p, in, out);
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor& k,
+                                                       const at::Tensor& v, bool causal,
+                                                       double scale, int64_t rung) {
+  check_cpu(q, k, v, scale, rung);
+  const ladder::Outputs out = oracle(q, k, v, nullptr, causal, scale);
+  // LSE in float64 for float64 inputs (gradcheck's precision), else float32 as on the GPU.
+  const at::ScalarType lse_type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  return {from_host(out.o, q.scalar_type()), from_host(out.lse, lse_type),
+          at::empty({0}, q.options().dtype(at::kFloat))};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& dout, const at::Tensor& q,
+                                                       const at::Tensor& k, const at::Tensor& v,
+                                                       const at::Tensor&, const at::Tensor&,
+                                                       const at::Tensor&, bool causal, double scale,
+                                                       int64_t rung) {
+  check_cpu(q, k, v, scale, rung);
+  TORCH_CHECK_VALUE(dout.sizes() == q.sizes() && dout.device().is_cpu(),
+                    "ladder: dout must be a CPU tensor shaped like q ", q.sizes(), "; got ",
+                    dout.sizes());
+  const ladder::Outputs out = oracle(q, k, v, &dout, causal, scale);
+  return {from_host(out.dq, q.scalar_type()), from_host(out.dk, q.scalar_type()),
+          from_host(out.dv, q.scalar_type())};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(ladder, CPU, m) {
+  m.impl("fwd", &fwd_cpu);
+  m.impl("bwd", &bwd_cpu);
+}

@@ -1,0 +1,69 @@
+// Rung 06 (tensor-core FlashAttention-2, bf16/fp16) behind the rung_api.h seam: fills the
+// kernels' parameter blocks the way the ladder's own host code (steps/06_tensor_core_fa2/
+// host.cu, run_typed) does and enqueues them on PyTorch's stream. rung06_d32.cu ... d128.cu
+// instantiate it, one head dim each.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "rung_api.h"
+#include "tensor_core_fa2_backward.cuh"
+
+namespace ladder_torch::rung06 {
+
+namespace s06 = ladder::step06;
+
+template <class T, int D>
+cudaError_t forward(const FwdArgs& a, cudaStream_t stream) {
+  static std::atomic<unsigned long long> ready{0};
+  const s06::FwdKernel k = s06::fwd_kernel<T, D, s06::kFwdAll>();
+  // Two blocks of up to 112 KiB per SM need the largest shared-memory carve-out of L1.
+  if (cudaError_t e = allow_shared_memory(k.fn, k.smem_bytes, true, ready); e != cudaSuccess)
+    return e;
+  s06::FwdParams p{};  // zero: dropout and block masks off
+  p.q = a.q, p.k = a.k, p.v = a.v, p.o = a.o, p.lse = a.lse;
+  p.batch = a.batch, p.heads = a.heads, p.heads_kv = a.heads_kv, p.group = a.heads / a.heads_kv;
+  p.seq_q = a.seq_q, p.seq_k = a.seq_k;
+  p.scale = a.scale;  // > 0: the caller negated Q for a negative scale (positive_scale below)
+  p.scale_log2 = float(double(a.scale) * 1.4426950408889634);  // log2(e)
+  p.causal = a.causal;
+  k.launch(p, stream);
+  return cudaGetLastError();
+}
+
+template <class T, int D>
+cudaError_t backward(const BwdArgs& a, cudaStream_t stream) {
+  static std::atomic<unsigned long long> ready{0};
+  const s06::BwdKernel k = s06::bwd_kernel<T, D>();
+  if (cudaError_t e = allow_shared_memory(k.fn, k.smem_bytes, true, ready); e != cudaSuccess)
+    return e;
+  s06::BwdParams p{};
+  p.q = a.q, p.k = a.k, p.v = a.v, p.o = a.o, p.dout = a.dout;
+  p.lse = a.lse, p.lse2 = a.lse2, p.dsum = a.dsum, p.dq_acc = a.dq_acc;
+  p.dq = a.dq, p.dk = a.dk, p.dv = a.dv;
+  p.batch = a.batch, p.heads = a.heads, p.heads_kv = a.heads_kv, p.group = a.heads / a.heads_kv;
+  p.seq_q = a.seq_q, p.seq_k = a.seq_k;
+  p.scale = a.scale, p.scale_log2 = float(double(a.scale) * 1.4426950408889634);
+  p.scale_dq = a.scale_dq;  // signed: Q arrives negated when the caller's scale is negative
+  p.causal = a.causal;
+  k.prepass(p, stream);  // D, LSE log2(e), dQ_acc = 0
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  k.main(p, stream);  // dK, dV; dQ_acc by atomics
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  k.finish(p, stream);  // dQ = scale dQ_acc
+  return cudaGetLastError();
+}
+
+template <class T, int D>
+RungKernels entry(DType dtype) {
+  return RungKernels{6, dtype, D, true, false, &forward<T, D>, &backward<T, D>};
+}
+
+// Both dtypes at head dim D: one file per head dim (rung06_d*.cu) lets the build compile them
+// in parallel. d = 256, forward only in the rung, is left out of the extension.
+template <int D>
+Registrar register_dim() {
+  return Registrar{entry<__nv_bfloat16, D>(DType::bf16), entry<__half, D>(DType::f16)};
+}
+
+}  // namespace ladder_torch::rung06

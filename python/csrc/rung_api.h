@@ -1,0 +1,85 @@
+// The seam between PyTorch and the ladder's CUDA kernels: plain C++ and CUDA runtime types
+// only, no torch headers. The .cu adaptors (rung05.cu, rung06_*.cu) include this and the
+// rung's own kernel headers, so nvcc never parses torch; ops_cuda.cpp includes this and torch,
+// so g++ never parses the kernels. Each adaptor registers the (rung, dtype, head dim)
+// instantiations it compiled, at load time, in the registry that ops_cuda.cpp owns.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <initializer_list>
+#include <string>
+
+namespace ladder_torch {
+
+enum class DType { f32, f16, bf16 };
+
+// One forward call. Pointers are to contiguous tensors in the contract's layout:
+// q, o [B, H, M, d]; k, v [B, Hkv, N, d]; lse, lse_lo [B, H, M] fp32.
+struct FwdArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;
+  float* lse_lo;  // the LSE's rounding residual, for rungs that keep one (else null)
+  int batch, heads, heads_kv, seq_q, seq_k, dim;
+  float scale;  // what the kernel multiplies Q K^T by: |scale| when the rung needs scale > 0
+  bool causal;
+};
+
+// One backward call: the forward's q (negated when it was), k, v, o, lse, lse_lo, and dO in;
+// dq, dk, dv out; fp32 workspaces lse2, dsum [B, H, M] and dq_acc [B, H, M, d], which the
+// caller allocates and the kernels initialise themselves.
+struct BwdArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* o;
+  const void* dout;
+  const float* lse;
+  const float* lse_lo;
+  float* lse2;
+  float* dsum;
+  float* dq_acc;
+  void* dq;
+  void* dk;
+  void* dv;
+  int batch, heads, heads_kv, seq_q, seq_k, dim;
+  float scale;     // as in FwdArgs
+  float scale_dq;  // the caller's signed scale: dQ = scale_dq dS K for the caller's Q
+  bool causal;
+};
+
+// One compiled instantiation of a rung. Both functions enqueue on `stream` and return the
+// first CUDA error (a refused attribute or launch), cudaSuccess otherwise.
+struct RungKernels {
+  int rung;
+  DType dtype;
+  int dim;
+  bool positive_scale;  // the kernel needs scale > 0: the caller negates Q for a negative one
+  bool lse_lo;          // the forward writes lse_lo and the backward reads it
+  cudaError_t (*forward)(const FwdArgs&, cudaStream_t);
+  cudaError_t (*backward)(const BwdArgs&, cudaStream_t);  // null: forward only
+};
+
+// The registry (ops_cuda.cpp). Adaptors fill it from static initialisers, one Registrar per
+// file; find_kernels returns null for an instantiation that was not built.
+void register_kernels(const RungKernels& k);
+const RungKernels* find_kernels(int rung, DType dtype, int dim);
+std::string built_kernels();  // e.g. "rung 6: bf16 d=32 64 96 128; fp16 d=32 64 96 128"
+
+struct Registrar {
+  Registrar(std::initializer_list<RungKernels> ks) {
+    for (const RungKernels& k : ks) register_kernels(k);
+  }
+};
+
+// Lets kernel `fn` use `bytes` of dynamic shared memory (and, with max_carveout, asks for the
+// largest shared-memory share of L1, as the ladder's own launches do for rung 06).
+// cudaFuncSetAttribute is per device: `done` (one per kernel) remembers the devices where it
+// was set, so a launch pays for it once per device, not every time.
+cudaError_t allow_shared_memory(const void* fn, int bytes, bool max_carveout,
+                                std::atomic<unsigned long long>& done);
+
+}  // namespace ladder_torch

@@ -1,0 +1,219 @@
+"""The GPU rungs (05: float32, 06: bfloat16/float16) through the operator, against SDPA:
+forward, LSE and gradients on odd shapes, the operator's registration (opcheck), layouts,
+errors, and torch.compile of a module that uses it. Needs an sm_90 GPU (H100/H200).
+
+Tolerance, as the ladder's own harness: against SDPA in float64 on the same (rounded) inputs,
+a rung's error may be at most 2x (3x for gradients) the error of SDPA itself computed in the
+rung's precision, plus one unit roundoff u of the largest reference value (at least 1). In
+float32 that last term is sqrt(N) u instead: there both errors are a few rounding errors of
+sums over the N keys, and which of two summation orders lands closer to the exact value is
+chance, not quality.
+"""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+
+import attention_reference as ref  # noqa: E402
+
+from ladder_torch import ladder_attention, load  # noqa: E402
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device: the GPU rungs' tests need one", allow_module_level=True)
+if torch.cuda.get_device_capability() != (9, 0):
+    pytest.skip(
+        f"the rungs are compiled for sm_90 (H100/H200); this GPU is "
+        f"{torch.cuda.get_device_name()}",
+        allow_module_level=True,
+    )
+
+DEV = "cuda"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cuda_extension():
+    load("cuda")  # built once; the tests that call torch.ops.ladder.* directly need it loaded
+
+
+# (batch, heads, heads_kv, seq_q, seq_k, dim, causal, scale)
+CASES_06 = [
+    (1, 1, 1, 1, 1, 64, False, None),
+    (2, 4, 4, 113, 203, 64, False, None),
+    (2, 4, 4, 113, 203, 64, True, None),
+    (1, 6, 6, 200, 77, 128, True, None),  # seq_q > seq_k: rows 0..122 see no key
+    (2, 8, 2, 130, 257, 64, True, None),  # GQA 4:1
+    (1, 4, 1, 64, 64, 128, False, None),  # MQA
+    (1, 2, 2, 97, 61, 32, True, None),
+    (1, 2, 2, 61, 97, 96, False, None),
+    (1, 2, 2, 100, 100, 64, False, -0.3),  # negative scale: the host negates Q
+    (1, 2, 2, 100, 150, 128, True, 0.5),
+    (1, 2, 1, 1000, 1500, 128, True, None),  # many K/V tiles
+]
+CASES_05 = [
+    (2, 4, 4, 113, 203, 64, False, None),
+    (1, 6, 6, 200, 77, 128, True, None),
+    (2, 8, 2, 130, 257, 64, True, None),
+    (1, 2, 2, 100, 100, 64, False, -0.3),
+    (1, 2, 1, 700, 900, 128, True, None),
+]
+PARAMS = [(6, dt, c) for dt in (torch.bfloat16, torch.float16) for c in CASES_06]
+PARAMS += [(5, torch.float32, c) for c in CASES_05]
+
+
+def param_id(p):
+    rung, dtype, (b, h, hkv, m, n, d, causal, scale) = p
+    name = str(dtype).replace("torch.", "")
+    s = "" if scale is None else f"-s{scale}"
+    return f"r{rung}-{name}-b{b}h{h}kv{hkv}-m{m}n{n}d{d}{'-causal' if causal else ''}{s}"
+
+
+@pytest.mark.parametrize("p", PARAMS, ids=param_id)
+def test_forward_lse_and_gradients_match_sdpa(p):
+    rung, dtype, (b, h, hkv, m, n, d, causal, scale) = p
+    q, k, v, do = ref.inputs(b, h, hkv, m, n, d, dtype, DEV, seed=m * n + d)
+    ours = ref.forward_backward(
+        lambda q, k, v: ladder_attention(q, k, v, causal=causal, scale=scale, rung=rung),
+        q,
+        k,
+        v,
+        do,
+    )
+    exact = ref.forward_backward(
+        lambda q, k, v: ref.sdpa(q, k, v, causal, scale),
+        q.double(),
+        k.double(),
+        v.double(),
+        do.double(),
+    )
+    plain = ref.forward_backward(lambda q, k, v: ref.sdpa(q, k, v, causal, scale), q, k, v, do)
+    u = ref.UNIT_ROUNDOFF[dtype] * (math.sqrt(n) if dtype == torch.float32 else 1.0)
+    for i, name in enumerate(("out", "dq", "dk", "dv")):
+        assert ours[i].dtype == dtype and ours[i].shape == exact[i].shape, name
+        assert torch.isfinite(ours[i]).all(), f"{name}: not finite"
+        err, err_plain = ref.max_err(ours[i], exact[i]), ref.max_err(plain[i], exact[i])
+        factor = 2 if i == 0 else 3
+        tol = factor * err_plain + u * max(1.0, exact[i].abs().max().item())
+        assert err <= tol, f"{name}: error {err:.3g} > {tol:.3g} (SDPA in {dtype}: {err_plain:.3g})"
+
+    _, lse = ladder_attention(q, k, v, causal=causal, scale=scale, rung=rung, return_lse=True)
+    want = ref.lse(q, k, causal, scale)
+    assert lse.dtype == torch.float32 and lse.shape == (b, h, m)
+    assert torch.equal(torch.isinf(lse), torch.isinf(want)), "LSE = -inf exactly where no key"
+    finite = torch.isfinite(want)
+    assert ref.max_err(lse[finite], want[finite]) <= 1e-4 * max(
+        1.0, want[finite].abs().max().item()
+    )
+    if causal and m > n:  # the contract's empty rows: O = 0, dQ = 0
+        assert torch.all(ours[0][:, :, : m - n] == 0) and torch.all(ours[1][:, :, : m - n] == 0)
+
+
+@pytest.mark.parametrize("rung,dtype", [(6, torch.bfloat16), (5, torch.float32)])
+def test_strided_and_misaligned_inputs_give_the_same_result(rung, dtype):
+    q, k, v, _ = ref.inputs(2, 4, 2, 77, 90, 64, dtype, DEV, requires_grad=False)
+    want = ladder_attention(q, k, v, causal=True, rung=rung)
+    # [B, N, H, d] storage seen as [B, H, N, d]: what a model's view/transpose gives
+    strided = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    assert not strided[0].is_contiguous()
+    assert torch.equal(ladder_attention(*strided, causal=True, rung=rung), want)
+    # contiguous, but starting one element into its storage: not 16-byte aligned
+    shifted = []
+    for t in (q, k, v):
+        buf = torch.empty(t.numel() + 1, dtype=dtype, device=DEV)
+        s = buf[1:].view(t.shape)
+        s.copy_(t)
+        shifted.append(s)
+    assert shifted[0].data_ptr() % 16 != 0
+    assert torch.equal(ladder_attention(*shifted, causal=True, rung=rung), want)
+
+
+def test_runs_on_the_current_stream():
+    q, k, v, _ = ref.inputs(1, 4, 4, 256, 256, 64, torch.bfloat16, DEV, requires_grad=False)
+    want = ladder_attention(q, k, v, rung=6)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = ladder_attention(q, k, v, rung=6)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(
+    "rung,dtype", [(6, torch.bfloat16), (6, torch.float16), (5, torch.float32)]
+)
+def test_opcheck(rung, dtype):
+    q, k, v, _ = ref.inputs(1, 4, 2, 33, 70, 64, dtype, DEV)
+    torch.library.opcheck(torch.ops.ladder.fwd.default, (q, k, v, True, 0.125, rung))
+
+
+def _cuda(*shape, dtype=torch.bfloat16):
+    return torch.zeros(shape, dtype=dtype, device=DEV)
+
+
+F32, F64 = torch.float32, torch.float64
+Q = (1, 2, 8, 64)
+
+# (q, k, v, keyword arguments, exception, words of its message)
+ERRORS = [
+    (_cuda(1, 2, 8, 80), _cuda(1, 2, 8, 80), _cuda(1, 2, 8, 80), {}, ValueError, "head dim 80"),
+    (_cuda(*Q, dtype=F64), _cuda(*Q, dtype=F64), _cuda(*Q, dtype=F64), {}, TypeError, "bfloat16"),
+    (*(_cuda(1, 2, 8, 32, dtype=F32),) * 3, dict(rung=5), ValueError, "head dim 32"),
+    (_cuda(*Q), _cuda(*Q), _cuda(*Q), dict(rung=0), ValueError, "cpu tensors"),
+    (_cuda(*Q), _cuda(*Q).cpu(), _cuda(*Q), {}, ValueError, "devices"),
+    # past the grid's limits: the C++ side's check, through the Python call
+    (*(_cuda(70000, 1, 8, 64),) * 3, {}, ValueError, "at most 65535"),
+]
+
+
+@pytest.mark.parametrize("q,k,v,kwargs,error,words", ERRORS)
+def test_unsupported_inputs_raise_clear_errors(q, k, v, kwargs, error, words):
+    with pytest.raises(error, match=f"(?i){words}"):
+        ladder_attention(q, k, v, **kwargs)
+
+
+# The C++ checks, reached by calling the operator directly: (q, k, v, rung, ...)
+OP_ERRORS = [
+    (*(_cuda(1, 2, 8, 80),) * 3, 6, NotImplementedError, "no forward"),
+    (*(_cuda(*Q, dtype=F64),) * 3, 6, TypeError, "no CUDA rung"),
+    (_cuda(1, 3, 8, 64), _cuda(*Q), _cuda(*Q), 6, ValueError, "multiple"),
+]
+
+
+@pytest.mark.parametrize("q,k,v,rung,error,words", OP_ERRORS)
+def test_the_operator_checks_too(q, k, v, rung, error, words):
+    with pytest.raises(error, match=f"(?i){words}"):
+        torch.ops.ladder.fwd(q, k, v, False, 1.0, rung)
+
+
+class Block(torch.nn.Module):
+    """A pre-norm attention block whose attention is the ladder's operator."""
+
+    def __init__(self, d_model=256, heads=4, rung=6):
+        super().__init__()
+        self.heads, self.rung = heads, rung
+        self.ln = torch.nn.LayerNorm(d_model)
+        self.qkv = torch.nn.Linear(d_model, 3 * d_model)
+        self.out = torch.nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        qkv = self.qkv(self.ln(x)).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        y = ladder_attention(q, k, v, causal=True, rung=self.rung)
+        return x + self.out(y.transpose(1, 2).reshape(b, t, c))
+
+
+def test_torch_compile_module_uses_the_operator():
+    torch.manual_seed(0)
+    model = Block().to(DEV, torch.bfloat16)
+    x = torch.randn(2, 200, 256, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    y_eager = model(x)
+    (g_eager,) = torch.autograd.grad(y_eager.float().square().sum(), x)
+    compiled = torch.compile(model, fullgraph=True)  # fullgraph: the operator is in the graph
+    y = compiled(x)
+    (g,) = torch.autograd.grad(y.float().square().sum(), x)
+    # inductor fuses the layer norm and the linear layers differently from eager: they differ
+    # by bf16 roundings, a few in 256 of the largest value
+    assert ref.max_err(y, y_eager) <= 0.03 * y_eager.abs().max().item()
+    assert ref.max_err(g, g_eager) <= 0.03 * g_eager.abs().max().item()
