@@ -47,6 +47,10 @@ TOKENS, HIDDEN = 16384, 2048
 TABLE_SEQ = 4096
 # The peer a rung's README ratio is taken against, by the rung's dtype.
 TABLE_PEER = {"fp32": "torch-efficient", "bf16": "torch-flash", "fp16": "torch-flash"}
+# A rung whose target peer is not its dtype's: the Hopper rung is held to cuDNN's attention.
+TABLE_PEER_BY_STEP = {"07": "torch-cudnn"}
+# The ceiling a rung's variant ladder is drawn against (notes/results/ceilings.csv names).
+RUNG_CEILING = {"05": "fp32_ffma", "06": "mma_sync_bf16", "07": "wgmma_bf16"}
 CPU_RUNGS = {"00", "01", "02"}  # the roofline's ceilings are a GPU's: CPU rungs stay off it
 
 PEER_STYLE = {  # colour, line style
@@ -79,6 +83,11 @@ class Row:
     @property
     def peer(self):
         return self.step.startswith("torch-")
+
+    @property
+    def variant(self):
+        """A non-default variant's row ("06/baseline"): only the variant-ladder figure uses it."""
+        return "/" in self.step
 
     @property
     def flash_shape(self):
@@ -584,6 +593,57 @@ def fig_dropout(plt, rows, history, gpu, tag, out_dir, names, written):
     plt.close(fig)
 
 
+def fig_variants(plt, rows, gpu, tag, out_dir, names, written, ceil):
+    """Each rung's ladder of ideas at seq 4096 (flash shapes, forward, dense): one bar per
+    variant in the order the sweep ran them (baseline first, the default last), TFLOP/s with the
+    percentage of the rung's measured ceiling; one panel per (dtype, d, causal)."""
+    ladders = defaultdict(list)  # rung -> [rows], the default's row last
+    for r in rows:
+        if not (r.plain and r.flash_shape and r.seq_q == TABLE_SEQ and r.direction == "fwd"):
+            continue
+        rung = r.step.split("/")[0]
+        if r.peer or rung not in RUNG_CEILING:
+            continue
+        ladders[rung].append(r)
+    for rung, rs in sorted(ladders.items()):
+        if not any(r.variant for r in rs):
+            continue  # only the default measured: no ladder to draw
+        panels = sorted({(r.dtype, r.dim, r.causal) for r in rs if r.variant})
+        names_in_order = []  # variants in the sweep's order, then the default ("full")
+        for r in rs:
+            v = r.step.split("/")[1] if r.variant else None
+            if v and v not in names_in_order:
+                names_in_order.append(v)
+        cols = names_in_order + ["(default)"]
+        ceiling = ceil.get(RUNG_CEILING[rung])
+        fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, 2.2 + 1.9 * len(panels)),
+                                 squeeze=False)
+        for ax, (dtype, dim, causal) in zip(axes[:, 0], panels):
+            at = {(r.step.split("/")[1] if r.variant else "(default)"): r.tflops
+                  for r in rs if (r.dtype, r.dim, r.causal) == (dtype, dim, causal)}
+            xs = [c for c in cols if c in at]
+            bars = ax.bar(range(len(xs)), [at[c] for c in xs], color=RUNG_COLOR.get(rung, "#333"))
+            for b, c in zip(bars, xs):
+                pct = f"\n{100 * at[c] / ceiling.value:.0f}%" if ceiling else ""
+                ax.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{at[c]:.0f}{pct}",
+                        ha="center", va="bottom", fontsize=7)
+            ax.set_xticks(range(len(xs)))
+            ax.set_xticklabels(xs, fontsize=8)
+            ax.set_ylabel("TFLOP/s")
+            ax.set_title(f"{dtype}, d = {dim}, {'causal' if causal else 'not causal'}",
+                         fontsize=9)
+            if ceiling:
+                ax.axhline(ceiling.value, color="#888", linestyle=":", linewidth=1)
+            ax.set_ylim(0, max([ceiling.value * 1.08 if ceiling else 0] +
+                               [v * 1.25 for v in at.values()]))
+        fig.suptitle(f"{label(rung, names)}: one idea at a time, seq {TABLE_SEQ}, forward "
+                     f"({gpu}); % of the measured {RUNG_CEILING[rung]} ceiling"
+                     if ceiling else f"{label(rung, names)}: one idea at a time ({gpu})",
+                     fontsize=9)
+        fig.tight_layout()
+        save(fig, out_dir, f"{tag}_variants_{rung}", written)
+
+
 def load_trace(path):
     """The rung-07 trace rows, as dicts with ints for warp, tile and the times."""
     out = []
@@ -764,7 +824,7 @@ def results_table(rows, history, gpu_tag, csv_path, names, figures):
     points = sorted({(r.step, r.dtype, r.dim, r.causal) for r in rungs if r.seq_q == seq},
                     key=lambda k: (k[0], ("fp32", "bf16", "fp16").index(k[1]), k[2], k[3]))
     for step, dtype, dim, causal in points:
-        peer = TABLE_PEER[dtype]
+        peer = TABLE_PEER_BY_STEP.get(step, TABLE_PEER[dtype])
         f, b = tf(step, dtype, dim, causal, "fwd"), tf(step, dtype, dim, causal, "bwd")
         pf = peer_tf(row(step, dtype, dim, causal, "fwd"), peer)
         pb = peer_tf(row(step, dtype, dim, causal, "bwd"), peer)
@@ -854,7 +914,7 @@ def main(argv=None):
         tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.stem)
         gpu = ", ".join(unique(r.gpu for r in rows)) or tag
         history = load(path, latest=False)
-        plain = [r for r in rows if r.plain]
+        plain = [r for r in rows if r.plain and not r.variant]
         ceil = ceilings_for(all_ceilings, rows)
         if not ceil:
             print(f"figures: no ceilings for {gpu} in {shown(results / CEILINGS_FILE)}: "
@@ -864,7 +924,9 @@ def main(argv=None):
         fig_roofline(plt, plain, gpu, tag, out_dir, names, written, ceil)
         fig_workspace(plt, plain, gpu, tag, out_dir, names, written)
         fig_sparsity(plt, rows, gpu, tag, out_dir, names, written)
-        fig_dropout(plt, rows, history, gpu, tag, out_dir, names, written)
+        fig_dropout(plt, [r for r in rows if not r.variant],
+                    [h for h in history if not h.variant], gpu, tag, out_dir, names, written)
+        fig_variants(plt, rows, gpu, tag, out_dir, names, written, ceil)
         trace_path = results / f"{path.stem}-trace-07.csv"
         if trace_path.is_file():
             trace = load_trace(trace_path)
@@ -878,8 +940,8 @@ def main(argv=None):
             svg_rel = [w.resolve().relative_to(readme.resolve().parent) for w in svgs]
         except ValueError:  # outside the README's tree (development runs): absolute paths
             csv_rel, svg_rel = str(path), svgs
-        body += results_table(plain, [h for h in history if h.plain], tag, csv_rel, names,
-                              svg_rel)
+        body += results_table(plain, [h for h in history if h.plain and not h.variant], tag,
+                              csv_rel, names, svg_rel)
     changed = update_readme(readme, "\n".join(body))
     print(f"figures: {readme.name} results table {'updated' if changed else 'unchanged'}")
     return 0
