@@ -191,8 +191,10 @@ TEST_CASE("an all-ones block mask equals the dense run bit for bit", "[harness]"
       INFO(label << ": " << ones.describe());
       const bool dq_deterministic = same_bits(a.out.dq, a2.out.dq) == 0;
       const std::pair<const char*, std::pair<const Tensor*, const Tensor*>> tensors[] = {
-          {"O", {&a.out.o, &b.out.o}},    {"LSE", {&a.out.lse, &b.out.lse}},
-          {"dQ", {&a.out.dq, &b.out.dq}}, {"dK", {&a.out.dk, &b.out.dk}},
+          {"O", {&a.out.o, &b.out.o}},
+          {"LSE", {&a.out.lse, &b.out.lse}},
+          {"dQ", {&a.out.dq, &b.out.dq}},
+          {"dK", {&a.out.dk, &b.out.dk}},
           {"dV", {&a.out.dv, &b.out.dv}}};
       for (const auto& [name, xy] : tensors) {
         if (std::string(name) == "dQ" && !dq_deterministic) continue;

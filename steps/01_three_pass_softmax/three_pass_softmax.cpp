@@ -2,15 +2,13 @@
 // Adds: fp32; row by row; pass 1: max; pass 2: sum of exp(s - max); pass 3: normalize and P.V.
 //
 // Where it sits: the first rung after the float64 oracle (00). It computes the same
-// O and LSE, in float32, one query row at a time, with softmax written out as the
-// three passes a first implementation uses:
-//   S_i   = scale * q_i K^T           (one row of scores, N floats of workspace)
-//   pass 1: m_i = max_j S_ij
-//   pass 2: l_i = sum_j exp(S_ij - m_i)
-//   pass 3: P_ij = exp(S_ij - m_i) / l_i,   O_i = sum_j P_ij V_j,   LSE_i = m_i + log l_i
-// What it adds over 00: the max shift made explicit ("safe" softmax). The variant
-// `unsafe` drops the shift, exp(S_ij) / sum_j exp(S_ij), and overflows to inf/NaN as
-// soon as a logit passes ~88 (float32's exp limit): see notes/01_three_pass_softmax.md.
+// O and LSE, in float32, one query row at a time: a row of scores S_i (N floats of
+// workspace), then softmax written out as the three passes over that row a first
+// implementation uses, each needing the previous one's result (notes/01_three_pass_softmax.md
+// derives them).
+// What it adds over 00: the max shift made explicit ("safe" softmax). The variant `unsafe`
+// drops the shift and overflows to inf/NaN as soon as a logit passes ~88 (float32's exp
+// limit).
 // What the next step (02) fixes: three passes over S per row become one.
 #include <cmath>
 #include <limits>
@@ -38,16 +36,28 @@ void three_pass_attention(const Problem& p, const std::vector<float>& Q,
       for (int64_t i = 0; i < M; ++i) {
         const float* q = &Q[size_t(((b * p.heads + h) * M + i) * d)];
         const int64_t n = p.visible_keys(i);  // keys 0..n-1 are visible (causal: bottom-right)
+        // EXERCISE BEGIN scores [easy]
+        // Concept: one row of S = scale * Q K^T, over the keys this query can see.
+        //
+        // Fill S[0..n) with the scores of query row q against the keys of its K/V head (Kh, row
+        // j at Kh + j * d). Where does `scale` go, and which keys does a causal row skip?
         for (int64_t j = 0; j < n; ++j) {
           float s = 0;
           for (int64_t c = 0; c < d; ++c) s += q[c] * Kh[j * d + c];
           S[size_t(j)] = scale * s;
         }
+        // EXERCISE END
         float m = -std::numeric_limits<float>::infinity(), l = 0;
         std::fill(o.begin(), o.end(), 0.f);
-        // EXERCISE BEGIN three-passes
-        // Over the n visible scores S[0..n): pass 1 sets m to their max (0 when !safe), pass 2
-        // sums exp(S[j] - m) into l, pass 3 adds exp(S[j] - m) / l * V_j to o.
+        // EXERCISE BEGIN three-passes [medium]
+        // Concept: safe softmax: a shift that keeps every exp finite without changing P, and
+        // the row statistics m, l from which LSE = m + log l.
+        //
+        // From the n scores S[0..n) and the value rows V_j (Vh + j * d), leave o = the softmax-
+        // weighted sum of the V_j (normalised: nothing divides it later) and m, l with
+        // m + log l = log sum_j exp(S[j]). Exact for any finite logits, including ones in the
+        // hundreds (the large_logits cases). The `unsafe` variant (safe == false) must skip the
+        // shift: m = 0. A row with n == 0 leaves m = -inf, l = 0, o = 0 (LSE is written below).
         for (int64_t j = 0; j < n; ++j) m = std::max(m, S[size_t(j)]);    // pass 1: the row max
         if (!safe) m = 0;                                                 // unsafe: no shift
         for (int64_t j = 0; j < n; ++j) l += std::exp(S[size_t(j)] - m);  // pass 2: l

@@ -4,13 +4,13 @@
 // a tile at a time; dropout regenerated from a counter-based generator, never stored.
 //
 // Where it sits: after 01's three passes over each row of S. The online softmax
-// (Milakov & Gimelshein, 2018) keeps a running max m and a running sum l and
-// rescales l by exp(m_old - m_new) whenever the max grows, so max and sum take one
-// pass. Folding P.V into the same pass gives the recurrence FlashAttention is
-// built on: O is kept unnormalised, rescaled by the same factor, and divided once.
-//   two-pass:  pass 1 (m, l) online; pass 2 O_i = sum_j exp(S_ij - m_i) / l_i * V_j
-//   one-pass:  for each key j:  m' = max(m, S_ij);  a = exp(m - m');  p = exp(S_ij - m')
-//              l = a*l + p;  O = a*O + p*V_j;  m = m'      then O /= l, LSE = m + log l
+// (Milakov & Gimelshein, 2018) keeps a running max m and a running sum l, and corrects the
+// sum whenever the max grows, so max and sum take one pass. Folding P.V into the same pass
+// gives the recurrence FlashAttention is built on: O is kept unnormalised, corrected the same
+// way, and divided once at the end. notes/02_online_softmax.md derives the update and proves it
+// exact. Three variants:
+//   two-pass:  pass 1 (m, l) online; pass 2 O_i from the final m_i and l_i
+//   one-pass:  one loop over the keys with running m, l and unnormalised O
 //   tiled:     the one-pass recurrence over Br x Bc blocks of S, in the names of the
 //              FlashAttention-2 pseudocode (Q_i, K_j, V_j, m_i, l_i, Tr, Tc): the GPU
 //              tiling of step 05, first seen on the CPU.
@@ -89,9 +89,17 @@ void two_pass(const Views& x, Outputs& out) {
         for (int64_t j = 0; j < n; ++j) {  // pass 1: running max and rescaled sum
           if (!x.mask.visible(b, h, i, j)) continue;
           const float s = scale * dot(x.q(b, h, i), x.k(b, h, j), p.dim);
+          // EXERCISE BEGIN online-max-sum [medium]
+          // Concept: the online softmax normaliser: one pass for the max and the sum, the sum
+          // corrected whenever the max grows.
+          //
+          // Before this key, m is the largest logit so far and l = sum of exp(logit - m) over
+          // them. Fold in the logit s so that both statements hold again. What happens to the
+          // terms already in l when m changes? The first key arrives with m = -inf, l = 0.
           const float m_new = std::max(m, s);
           l = l * std::exp(m - m_new) + std::exp(s - m_new);
           m = m_new;
+          // EXERCISE END
         }
         std::fill(o.begin(), o.end(), 0.f);
         for (int64_t j = 0; j < n; ++j) {  // pass 2: P_ij = exp(S_ij - m) (divided by l at the end)
@@ -120,10 +128,15 @@ void one_pass(const Views& x, Outputs& out) {
           const float s = scale * dot(x.q(b, h, i), x.k(b, h, j), p.dim);
           // A dropped key (Z = 0) still counts in l; its V row adds nothing to O.
           const float* vj = x.kept(b, h, i, j) ? x.v(b, h, j) : zero.data();
-          // EXERCISE BEGIN online-update
-          // Fold key j (logit s, value row vj) into the running state m, l, o: take the new
-          // max, rescale what was accumulated under the old max by exp(m - m_new), add this
-          // key's exp(s - m_new) to l and exp(s - m_new) * vj to o. No division here.
+          // EXERCISE BEGIN online-update [hard]
+          // Concept: the online-softmax rescale: a running max, sum and unnormalised output
+          // that stay exact as the max grows, in one pass over the keys.
+          //
+          // Invariant, over the keys folded so far: m is their largest logit, l = sum of
+          // exp(logit - m), o[0..d) = sum of exp(logit - m) * V. Fold in key j (logit s, value
+          // row vj) so that the invariant holds for one more key. The first key arrives with
+          // m = -inf, l = 0, o = 0 and must not make a NaN. No division here: finish_row divides
+          // once, at the end.
           const float m_new = std::max(m, s);
           const float alpha = std::exp(m - m_new);  // rescales what was summed under the old max
           const float pij = std::exp(s - m_new);
@@ -137,9 +150,8 @@ void one_pass(const Views& x, Outputs& out) {
 }
 
 // Tiled: FlashAttention-2's loop order on the CPU. For each query tile Q_i (Br rows) keep
-// m_i, l_i and O_i; for each key tile K_j, V_j (Bc rows): S_ij = scale Q_i K_j^T,
-// m_new = max(m_i, rowmax S_ij), P_ij = exp(S_ij - m_new),
-// l_i = exp(m_i - m_new) l_i + rowsum P_ij, O_i = diag(exp(m_i - m_new)) O_i + P_ij V_j.
+// m_i, l_i and O_i; for each key tile K_j, V_j (Bc rows) form the Br x Bc tile of scores
+// S_ij = scale Q_i K_j^T and fold the whole tile into each row's state at once.
 void tiled(const Views& x, Outputs& out, int64_t Br, int64_t Bc) {
   const Problem& p = x.p;
   const int64_t M = p.seq_q, N = p.seq_k, d = p.dim;
@@ -171,6 +183,16 @@ void tiled(const Views& x, Outputs& out, int64_t Br, int64_t Bc) {
               S[size_t(r * Bc + c)] = s;
               row_max = std::max(row_max, s);
             }
+            // EXERCISE BEGIN tile-update [hard]
+            // Concept: FlashAttention-2's tile update: one rescale per row per tile, a row that
+            // has seen no visible key yet, and dropout that thins O but not the normaliser.
+            //
+            // Row r's state is m[r], l[r] and the unnormalised O row at &O[r * d], for the
+            // tiles before this one. S[r * Bc + c] (c < cols) holds this tile's scores, -inf
+            // where masked, and row_max their max. Fold the whole tile in at once (the one-key
+            // update of `one_pass`, a tile at a time). A row with no visible score in this
+            // tile or before must keep l = 0 and O = 0: what would -inf - -inf give? A dropped
+            // key (!x.kept(b, h, i0 + r, j0 + c)) counts in l but adds nothing to O.
             const float m_new = std::max(m[size_t(r)], row_max);
             if (m_new == kNegInf) continue;  // nothing visible yet: exp(-inf - -inf) would be NaN
             const float alpha = std::exp(m[size_t(r)] - m_new);
@@ -186,6 +208,7 @@ void tiled(const Views& x, Outputs& out, int64_t Br, int64_t Bc) {
             }
             l[size_t(r)] = alpha * l[size_t(r)] + row_sum;
             m[size_t(r)] = m_new;
+            // EXERCISE END
           }
         }
         for (int64_t r = 0; r < rows; ++r)

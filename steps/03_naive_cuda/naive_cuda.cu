@@ -9,14 +9,13 @@
 // writes (and what a framework's "math" attention does): attention is just GEMM, softmax, GEMM,
 // each a kernel of its own, talking through global memory.
 //   forward:   S = scale * Q K^T               batched_matmul  (S: B*H*M*N floats in HBM)
-//              P = softmax(S), LSE               softmax_rows    (P: B*H*M*N floats in HBM)
-//                pass 1: m_i = max_j S_ij,  pass 2: l_i = sum_j exp(S_ij - m_i),
-//                pass 3: P_ij = exp(S_ij - m_i) / l_i,  LSE_i = m_i + log l_i
+//              P = softmax(S), LSE               softmax_rows    (P: B*H*M*N floats in HBM),
+//                                                step 01's three passes, a warp per row
 //              O = P V                           batched_matmul
-//   backward:  D_i = rowsum(dO_i o O_i)          row_dot
-//              dP = dO V^T                       batched_matmul  (into S's buffer: S is dead)
-//              dS = P o (dP - D)                 ds_from_dp      (in place over dP)
-//              dQ = scale dS K,  dK = scale dS^T Q,  dV = P^T dO      batched_matmul
+//   backward:  the pre-pass D                    row_dot
+//              four products: dV, dP, dQ, dK     batched_matmul  (dP into S's buffer: S is dead)
+//              dS from P, dP and D               ds_from_dp      (in place over dP)
+//   notes/00_cpu_reference.md derives the backward, notes/03_naive_cuda.md maps it to kernels.
 // The causal mask (key j visible to query i iff j <= i + N - M) is a prefix of each row, so
 // the softmax kernel reads only the visible S_ij: masked keys count as S_ij = -inf, P_ij = 0.
 // GQA: query head h reads K/V head h / group; dK and dV of a K/V head sum the products of its
@@ -24,9 +23,8 @@
 // Block masks and dropout, the naive way: the softmax kernel looks up every S_ij's mask
 // block (a hidden key is one more masked key: P_ij = 0); with dropout a kernel writes
 // Pd = P o Z / (1 - p) into S's buffer (S is dead by then), O = Pd V, and the backward
-// regenerates Z_ij per element (common/dropout.hpp): dV = Pd^T dO first, then
-// dP = (dO V^T) o Z / (1 - p) over Pd. Nothing is skipped: every masked block is still computed
-// and thrown away, the cost this step's memory lesson is about.
+// regenerates Z_ij per element (common/dropout.hpp). Nothing is skipped: every masked block is
+// still computed and thrown away, the cost this step's memory lesson is about.
 // What it costs: S and P are B*H*M*N floats each, 32 GiB at B=1, H=16, M=N=16384, and every
 // element crosses HBM four times (S written, read; P written, read): see
 // notes/03_naive_cuda.md. What the next step (04) fixes: one fused kernel with step 02's
@@ -151,11 +149,14 @@ __global__ void __launch_bounds__(kThreads)
   // A key the block mask hides reads as S_ij = -inf, like a causally masked one.
   auto score = [&](int64_t j) { return s.kept_block(row, j) ? Si[j] : -INFINITY; };
   float m = -INFINITY, l = 0.f;
-  // EXERCISE BEGIN softmax-row
-  // Step 01's three passes, the row shared by the warp's 32 lanes (lane, lane + 32, ...):
-  // pass 1 the max of the n visible scores score(j) into m (combine lanes with warp_max),
-  // pass 2 the sum of exp(score(j) - m) into l (warp_sum), pass 3 write
-  // P_ij = exp(score(j) - m) / l for j < n and 0 for the masked keys j in [n, N).
+  // EXERCISE BEGIN softmax-row [medium]
+  // Concept: a row reduction spread over a warp: each lane takes every 32nd element, and
+  // shuffles combine the 32 partial results (here the max and the sum of step 01's passes).
+  //
+  // The row's scores are score(j) for the n visible keys j < n (a hidden block reads -inf).
+  // Write the whole row of P: P_ij for j < n and 0 for every masked key in [n, N), and leave m
+  // and l (the same in all 32 lanes) for the LSE line below. warp_max and warp_sum combine the
+  // lanes. A row with nothing visible keeps m = -inf, l = 0: never compute exp(-inf - -inf).
   for (int64_t j = lane; j < n; j += kWarp) m = fmaxf(m, score(j));  // pass 1: the row max
   m = warp_max(m);
   // pass 2: l_i = sum_j exp(S_ij - m_i); m = -inf when nothing is visible: l stays 0
@@ -168,18 +169,24 @@ __global__ void __launch_bounds__(kThreads)
   if (lane == 0) lse[row] = l > 0.f ? m + logf(l) : -INFINITY;
 }
 
-// D_i = dO_i . O_i, the backward's pre-pass: one thread per row, summed left to right in the
-// same order as the dot products of dP = dO V^T. Where a row sees one key, P_ij = 1 and
-// O_i = V_j exactly, so dP_ij - D_i must be exactly 0; a differently ordered sum (a warp
-// reduction) leaves a rounding error there that dQ and dK then carry. O(B*H*M*d): negligible.
+// D, the backward's pre-pass: one thread per row, O(B*H*M*d) work: negligible.
 __global__ void __launch_bounds__(kThreads)
     row_dot(const float* __restrict__ dO, const float* __restrict__ O, float* __restrict__ D,
             int64_t rows, int64_t d) {
   const int64_t row = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (row >= rows) return;
+  // EXERCISE BEGIN row-dot [medium]
+  // Concept: the softmax backward's row term D_i = sum_j P_ij dP_ij, computed without P or dP.
+  //
+  // D[row] must equal sum_j P_ij dP_ij for this row, but this kernel sees only dO and O (rows
+  // of d floats at row * d). Why is that enough? The trap: where a row sees one key, P = 1
+  // and O_i = V_j exactly, so dP_ij - D_i must come out exactly 0 (the seq1 cases), which
+  // holds only if D is summed in the same order, with the same operations, as batched_matmul
+  // sums dP_ij.
   float acc = 0.f;
   for (int64_t c = 0; c < d; ++c) acc += dO[row * d + c] * O[row * d + c];
   D[row] = acc;
+  // EXERCISE END
 }
 
 // Pd = P o Z / (1 - p): dropout applied to the materialised P (into another buffer: the
@@ -191,15 +198,23 @@ __global__ void __launch_bounds__(kThreads)
   Pd[idx] = P[idx] * s.dropout_factor(idx / s.seq_k, idx % s.seq_k);
 }
 
-// dS_ij = P_ij (dP_ij Z_ij / (1 - p) - D_i), in place over dP (each element read, then written,
-// by one thread). Masked keys have P_ij = 0, so dS_ij = 0 there without looking at the mask.
+// dS from P, dP and D, in place over dP (each element read, then written, by one thread). No
+// mask test: a masked key's dS comes out 0 by itself.
 __global__ void __launch_bounds__(kThreads)
     ds_from_dp(const float* __restrict__ P, const float* __restrict__ D, float* dP_dS,
                int64_t n_elems, Shape s) {
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_elems) return;
   const int64_t row = idx / s.seq_k;
+  // EXERCISE BEGIN ds-from-dp [easy]
+  // Concept: the softmax backward, dS = P o (dP - D), with dropout's Z / (1 - p) on dP.
+  //
+  // Element idx is (row, key idx % seq_k). dP_dS[idx] holds dP_ij = dO_i . V_j (no dropout
+  // applied yet), P[idx] the softmax probability, D[row] the row term. With dropout, dP must
+  // first be multiplied by this element's Z / (1 - p): s.dropout_factor(row, key). Overwrite
+  // dP_dS[idx] with dS.
   dP_dS[idx] = P[idx] * (dP_dS[idx] * s.dropout_factor(row, idx % s.seq_k) - D[row]);
+  // EXERCISE END
 }
 
 unsigned blocks_for(int64_t threads) {
@@ -279,6 +294,16 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
         apply_dropout<<<blocks_for(mn), kThreads>>>(P.get(), Pd, mn, s);
         CUDA_CHECK_LAUNCH();
       }
+      // EXERCISE BEGIN backward-products [hard]
+      // Concept: the attention backward as four matrix products and one elementwise kernel;
+      // a transpose as swapped strides; GQA's dK and dV summed over a group; buffer reuse.
+      //
+      // D is ready (row_dot) and so is Pd (the dropped P, = P without dropout). Compute dV,
+      // dP (into dS's buffer), dS (ds_from_dp, in place), dQ and dK into g.dv, g.dq, g.dk, with
+      // matmul(A, B, C, batch, heads_c, R, Cn, K, T, alpha) and the operands per_query_head,
+      // per_kv_head and transposed (see batched_matmul). A K/V head's dK and dV sum the T =
+      // group query heads that read it. With dropout Pd lives in dS's buffer: which product
+      // must read it before dP overwrites it? Where does the softmax scale enter?
       matmul(transposed(per_query_head(Pd, s, M, N)), per_query_head(g.dout.get(), s, M, d),
              g.dv.get(), B, Hkv, N, d, M, group, 1.f);  // dV = Pd^T dO, summed over the group
       matmul(per_query_head(g.dout.get(), s, M, d), transposed(per_kv_head(g.v.get(), s, N, d)), dS,
@@ -289,6 +314,7 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
              N, 1, scale);  // dQ = scale dS K
       matmul(transposed(per_query_head(dS, s, M, N)), per_query_head(g.q.get(), s, M, d),
              g.dk.get(), B, Hkv, N, d, M, group, scale);  // dK = scale dS^T Q, summed over group
+      // EXERCISE END
     });
   }
   return g.finish(out);

@@ -6,19 +6,15 @@
 // Where it sits: step 03 ran GEMM, softmax, GEMM as three kernels and parked S and P
 // (B*H*M*N floats each) in HBM between them. This step fuses the three into one kernel by
 // running step 02's one-pass recurrence on the GPU, one thread per query row i of one
-// (batch, head):
-//   q_i -> registers;  m_i = -inf, l_i = 0, O_i = 0 (d floats in registers)
-//   for each visible key j (j <= i + N - M when causal, bottom-right):
-//     s = scale * q_i . K_j                   (K_j read from global memory)
-//     m' = max(m_i, s);  a = exp(m_i - m');  p = exp(s - m')
-//     l_i = a l_i + p;   O_i = a O_i + p V_j;  m_i = m'
-//   O_i /= l_i (one division),  LSE_i = m_i + log l_i;  no visible key: O_i = 0, LSE_i = -inf.
+// (batch, head): q_i, the running m_i and l_i and the unnormalised O_i (d floats) live in
+// registers while the thread streams every visible key j (j <= i + N - M when causal,
+// bottom-right) from global memory; one division at the end (notes/04_thread_per_row.md).
 // S and P never exist anywhere: the workspace is O(1) (registers), and HBM sees Q, K, V read
 // and O, LSE written. GQA: query head h reads K/V head h / (H / Hkv).
 // Why it is still slow (notes/04_thread_per_row.md): the 32 threads of a warp read the same
 // K_j, V_j element at the same time (a broadcast: coalescing is not the problem), but nothing
 // is reused beyond the warp: every warp streams all of K and V of its head through L1/L2, a
-// row's d-long dot product is one serial chain in one thread, the rescale by a costs a
+// row's d-long dot product is one serial chain in one thread, the rescale costs a
 // multiply per element per key, and there are only B*H*M threads. What the next step (05)
 // fixes: a block of Br rows (Q_i) stages K_j, V_j tiles of Bc keys in shared memory once for
 // all its rows (Tc = ceil(N / Bc) tiles), and rescales once per tile instead of once per key.
@@ -83,10 +79,14 @@ __global__ void __launch_bounds__(kThreads)
       dot += q[c + 3] * x.w;
     }
     const float sij = s.scale * dot;
-    // EXERCISE BEGIN online-update
-    // Fold key j (score sij, value row Vh + j * D) into m, l and the unnormalised o[0..D):
-    // m_new = max(m, sij); rescale l and o by exp(m - m_new); add exp(sij - m_new) to l and
-    // exp(sij - m_new) * V_j to o (float4 loads of V_j); then m = m_new. No division here.
+    // EXERCISE BEGIN online-update [hard]
+    // Concept: the online-softmax rescale in one thread's registers: a running max, sum and
+    // unnormalised output row that stay exact as the max grows.
+    //
+    // Invariant, over the keys folded so far: m is their largest score, l = sum of
+    // exp(score - m), o[0..D) = sum of exp(score - m) * V. Fold in key j (score sij, value
+    // row Vh + j * D) so that it holds for one more key; V rows are 16-byte aligned (float4
+    // loads). The first key arrives with m = -inf and must not make a NaN. No division here.
     const float m_new = fmaxf(m, sij);    // finite from the first key on
     const float alpha = expf(m - m_new);  // rescales what was summed under the old max (0 at j=0)
     const float pij = expf(sij - m_new);
@@ -104,7 +104,12 @@ __global__ void __launch_bounds__(kThreads)
     // EXERCISE END
   }
 
-  // One division at the end; l == 0 only when no key is visible (then O_i = 0, LSE_i = -inf).
+  // EXERCISE BEGIN finish-row [easy]
+  // Concept: deferred normalisation: one division per row, after the last key, and the
+  // convention for a row that saw no key.
+  //
+  // Write O_i (D floats at O + row * D, float4 stores) and lse[row] from m, l and o. l == 0
+  // only when no key is visible: then O_i = 0 and LSE_i = -inf, never 0 * (1 / 0).
   const float inv_l = l > 0.f ? 1.f / l : 0.f;
   float* Oi = O + row * D;
 #pragma unroll
@@ -112,6 +117,7 @@ __global__ void __launch_bounds__(kThreads)
     *reinterpret_cast<float4*>(Oi + c) =
         make_float4(o[c] * inv_l, o[c + 1] * inv_l, o[c + 2] * inv_l, o[c + 3] * inv_l);
   lse[row] = l > 0.f ? m + logf(l) : -INFINITY;
+  // EXERCISE END
 }
 
 template <int D>

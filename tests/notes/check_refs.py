@@ -15,8 +15,9 @@ Scans notes/*.md, docs/*.md and README.md for
     files' total line count (`wc -l`).
 A bare file name (`online_softmax.cpp`) must be the name of some file in the repository.
 
-  check_refs.py [ROOT]          report every broken reference; exit 1 if there is one
-  check_refs.py [ROOT] --fix    rewrite the generated line counts, then check
+  check_refs.py [ROOT]                 report every broken reference; exit 1 if there is one
+  check_refs.py [ROOT] --fix [DOC...]  rewrite the generated line counts (in the DOCs given,
+                                       else in every document), then check
 """
 import os
 import re
@@ -27,6 +28,7 @@ from pathlib import Path
 ROOT = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 and not sys.argv[1].startswith("-") \
     else Path(__file__).resolve().parents[2]
 FIX = "--fix" in sys.argv[1:]
+FIX_ONLY = {Path(a).resolve() for a in sys.argv[sys.argv.index("--fix") + 1:]} if FIX else set()
 NEAR = 4  # how many lines either side of a quoted line the quoted symbol may sit
 TOP = r"(?:steps|common|runner|reference|tools|tests|notes|docs|python)"
 EXT = r"(?:cpp|hpp|cu|cuh|h|py|sh|md|txt|csv|svg|png|json|cmake)"
@@ -236,7 +238,7 @@ def main():
         [ROOT / "README.md"]
     c = Checker()
     for doc in docs:
-        if FIX:
+        if FIX and (not FIX_ONLY or doc.resolve() in FIX_ONLY):
             c.fix_counts(doc)
         c.check_doc(doc)
     for e in c.errors:
