@@ -45,9 +45,12 @@ std::string read_file(const fs::path& path) {
 std::vector<fs::path> algorithm_files(const std::string& name) {
   std::vector<fs::path> found;
   const fs::path dir = fs::path(LADDER_SOURCE_DIR) / "steps" / name;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.is_regular_file() && e.path().stem().string() == name.substr(3))
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string ext = e.path().extension().string();  // code, not its host-API header
+    if (e.is_regular_file() && e.path().stem().string() == name.substr(3) &&
+        (ext == ".cpp" || ext == ".cu" || ext == ".cuh"))
       found.push_back(e.path());
+  }
   return found;
 }
 
