@@ -25,15 +25,27 @@ using step06::BwdParams;
 using step06::FwdKernel;
 using step06::FwdParams;
 
-// The variants: the full kernel with techniques switched off, so that each one's worth
-// can be measured (notes/06_tensor_core_fa2.md, "What each technique buys").
+// The variants, all instances of one kernel template whose flags switch its techniques on
+// (notes/06_tensor_core_fa2.md, "What each technique buys"). The default is the full kernel.
+// Then the learner's path up to it, baseline first, each row the previous one plus one
+// technique ("+" reads "the previous row plus"); its last step, + O staged through shared
+// memory, is 'full' itself. Then the ablations: the full kernel with one technique off, what
+// each is worth once all the others are in. Full without the staged stores is '+p-registers'
+// again, so 'direct-store' names that same kernel. exp2 with the folded scale, and the quad
+// shuffles, are in every variant: they are not flags.
 constexpr int kAll = step06::kFwdAll;
+constexpr int kBaseline = 0;
+constexpr int kPlusLdmatrix = kBaseline | step06::kLdmatrix;
+constexpr int kPlusSwizzle = kPlusLdmatrix | step06::kSwizzle;
+constexpr int kPlusCpAsync = kPlusSwizzle | step06::kCpAsync;
+constexpr int kPlusPRegisters = kPlusCpAsync | step06::kPInRegisters;
 constexpr int kNoSwizzle = kAll & ~step06::kSwizzle;
 constexpr int kNoCpAsync = kAll & ~step06::kCpAsync;
 constexpr int kNoLdmatrix = kAll & ~step06::kLdmatrix;
 constexpr int kPViaSmem = kAll & ~step06::kPInRegisters;
 constexpr int kDirectStore = kAll & ~step06::kStagedStore;
-constexpr int kBaseline = 0;
+static_assert((kPlusPRegisters | step06::kStagedStore) == kAll && kDirectStore == kPlusPRegisters,
+              "the path ends at the full kernel; direct-store is its last row but one");
 
 struct FwdVariant {
   const char* name;
@@ -41,16 +53,37 @@ struct FwdVariant {
   const char* summary;
 };
 const FwdVariant kVariants[] = {
-    {"full", kAll, "every technique on"},
+    {"full", kAll,
+     "every technique on: '+p-registers' plus O staged through shared memory for 16-byte "
+     "stores"},
+    // the path, one technique at a time
+    {"baseline", kBaseline,
+     "a first mma.sync kernel: fragments by 32- and 16-bit shared loads, plain row-major tiles, "
+     "synchronous loads into one K/V stage, P through shared memory, 4-byte O stores"},
+    {"+ldmatrix", kPlusLdmatrix,
+     "+ ldmatrix.x4 (.trans for V): one instruction per fragment instead of 4 (8 for V); the "
+     "row-major tiles still put each ldmatrix phase in 8 wavefronts (d >= 64)"},
+    {"+swizzle", kPlusSwizzle,
+     "+ XOR-swizzled shared tiles (Q, K, V and P): every ldmatrix phase in one wavefront"},
+    {"+cp-async", kPlusCpAsync,
+     "+ cp.async into two K/V stages: tile j + 1 loads while tile j computes"},
+    {"+p-registers", kPlusPRegisters,
+     "+ P kept in the S registers as the A operand of P V: no round trip through shared memory"},
+    // the ablations
     {"no-swizzle", kNoSwizzle,
-     "plain row-major shared tiles: ldmatrix hits 8-way bank conflicts (d >= 64)"},
+     "full without the swizzle: plain row-major shared tiles, ldmatrix hits 8-way bank "
+     "conflicts (d >= 64)"},
     {"no-cp-async", kNoCpAsync,
-     "synchronous loads into one K/V stage: loads no longer overlap the tensor cores"},
+     "full without cp.async: synchronous loads into one K/V stage, which no longer overlap the "
+     "tensor cores"},
     {"no-ldmatrix", kNoLdmatrix,
-     "fragments by 32-bit shared loads, V's by 16-bit loads: 4x and 8x the instructions"},
-    {"p-via-smem", kPViaSmem, "P written to shared memory and read back as the A operand"},
-    {"direct-store", kDirectStore, "O stored straight from the fragments, 4 bytes per lane"},
-    {"baseline", kBaseline, "all five techniques off: a first mma.sync kernel"},
+     "full without ldmatrix: fragments by 32-bit shared loads, V's by 16-bit loads: 4x and 8x "
+     "the instructions"},
+    {"p-via-smem", kPViaSmem,
+     "full with P written to shared memory and read back as the A operand"},
+    {"direct-store", kDirectStore,
+     "full with O stored straight from the fragments, 4 bytes per lane: the same kernel as "
+     "'+p-registers'"},
 };
 
 // Which instantiations exist (compile time, see the note): the full kernel for each dtype
@@ -84,6 +117,12 @@ FwdKernel select_kernel(DType t, int64_t d, int flags) {
   if (flags == kAll) return t == DType::bf16 ? full_kernel<bf16>(d) : full_kernel<fp16>(d);
   if (t != DType::bf16) return {};
   switch (flags) {
+    case kPlusLdmatrix:
+      return variant_kernel<kPlusLdmatrix>(d);
+    case kPlusSwizzle:
+      return variant_kernel<kPlusSwizzle>(d);
+    case kPlusCpAsync:
+      return variant_kernel<kPlusCpAsync>(d);
     case kNoSwizzle:
       return variant_kernel<kNoSwizzle>(d);
     case kNoCpAsync:
@@ -92,7 +131,7 @@ FwdKernel select_kernel(DType t, int64_t d, int flags) {
       return variant_kernel<kNoLdmatrix>(d);
     case kPViaSmem:
       return variant_kernel<kPViaSmem>(d);
-    case kDirectStore:
+    case kDirectStore:  // = kPlusPRegisters
       return variant_kernel<kDirectStore>(d);
     case kBaseline:
       return variant_kernel<kBaseline>(d);
@@ -335,10 +374,12 @@ const Step& step_06() {
         "'full' variant only, mask blocks multiples of the forward's tiles (and with "
         "--backward of the backward's)";
     for (const FwdVariant& v : kVariants) {
-      if (v.flags == kAll)
-        s.variants.push_back({v.name, v.summary, true});
-      else  // the teaching variants are instantiated for bf16, d 64 and 128 only
-        s.variants.push_back({v.name, v.summary, true, {DType::bf16}, {64, 128}});
+      Variant x{v.name, v.summary};
+      if (v.flags != kAll) {  // the teaching variants: bf16, d 64 and 128, dense, no dropout
+        x.dtypes = {DType::bf16}, x.head_dims = {64, 128};
+        x.dropout = x.block_sparse = false;  // (their backward is the shared one: they have it)
+      }
+      s.variants.push_back(x);
     }
     s.tiles = fixed_tiles;
     s.workspace = workspace_bytes;

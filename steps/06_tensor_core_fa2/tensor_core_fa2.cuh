@@ -155,9 +155,11 @@ enum FwdFlag : int {
 // memory feed two mma instructions, which keeps ldmatrix traffic under the tensor cores'
 // appetite; d = 256 has no registers for that and uses 8 warps of one slice.
 // kQKUnroll: how many k16 steps of S = Q_i K_j^T are unrolled. Fully, except at d = 128,
-// where ptxas, given all 8, runs so far ahead with fragment loads that 255 registers spill;
-// 4 steps are 64 columns, one swizzle period, so the rolled loop's addresses just step by
-// 128 bytes and cost nothing.
+// where ptxas, given all 8 steps or 4, hoists so many fragment loads that 255 registers spill
+// (32 or 36 bytes, stored and reloaded on every tile). With 2 it spills nothing and still
+// issues the second step's ldmatrix under the first step's mma; each pass recomputes the
+// swizzled addresses, a few integer instructions per k-step (1270 instructions per tile, 1251
+// fully rolled, which waits for every step's loads before its first mma).
 template <int D>
 struct FwdTiles;
 template <>
@@ -174,7 +176,7 @@ struct FwdTiles<96> {
 };
 template <>
 struct FwdTiles<128> {
-  static constexpr int kWarps = 4, kSlices = 2, kBc = 64, kQKUnroll = 4;
+  static constexpr int kWarps = 4, kSlices = 2, kBc = 64, kQKUnroll = 2;
 };
 template <>
 struct FwdTiles<256> {
@@ -232,12 +234,13 @@ template <class L, bool kLdsm, class T>
 __device__ __forceinline__ void load_b_nk(uint32_t (&b)[4], const T* tile, int n0, int k0,
                                           int lane) {
   if constexpr (kLdsm) {
-    // The same lane -> address map as load_a: matrices (n0, k0) (n0+8, k0) (n0, k0+8)
-    // (n0+8, k0+8). Rows are n, so no transpose; the registers come out as b0 of tile n0,
-    // b0 of tile n0+8, b1 of n0, b1 of n0+8.
-    uint32_t r[4];
-    ldmatrix_x4(r, tile + L::at(n0 + (lane & 15), k0 + (lane >> 4) * 8));
-    b[0] = r[0], b[1] = r[2], b[2] = r[1], b[3] = r[3];
+    // Rows are n, so no transpose. The matrices are taken in the order (n0, k0) (n0, k0+8)
+    // (n0+8, k0) (n0+8, k0+8): lanes 0-7 address rows n0.. at k0, lanes 8-15 the same rows at
+    // k0+8, lanes 16-31 rows n0+8.. likewise. Register m is matrix m, so that is b[0], b[1],
+    // b[2], b[3], each pair adjacent as mma.sync reads it. (load_a's map would give b0 of n0,
+    // b0 of n0+8, b1 of n0, b1 of n0+8, and the permutation costs register moves: with it, 224
+    // of the 1428 instructions per tile at d = 128 were moves in this product.)
+    ldmatrix_x4(b, tile + L::at(n0 + (lane & 7) + ((lane >> 4) << 3), k0 + ((lane >> 3) & 1) * 8));
   } else {
     const int g = lane >> 2, t = lane & 3;
     b[0] = ld_b32(tile + L::at(n0 + g, k0 + 2 * t));

@@ -130,10 +130,11 @@ struct BwdConfig {
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an H100 block can have");
 };
 
-// The fragment loaders below choose their lane -> address maps so that ldmatrix's four
-// registers come out in the order mma.sync reads them: four adjacent registers for A, and
-// for B the pair (b[0], b[1]) of each n8 tile adjacent. (A permutation after the load costs
-// register moves: about 0.6 instructions per mma in this kernel.)
+// The fragment loaders (the forward's load_a, load_b_nk and load_b_kn, and load_a_trans below)
+// choose their lane -> address maps so that ldmatrix's four registers come out in the order
+// mma.sync reads them: four adjacent registers for A, and for B the pair (b[0], b[1]) of each
+// n8 tile adjacent. (A permutation after the load costs register moves: about 0.6
+// instructions per mma in this kernel.)
 
 // A operand (the 16x16 block at rows r0, columns c0 of A) from a tile that holds A^T
 // row-major: dS from the dS^T buffer. ldmatrix.trans of the 8x8 block at A^T rows c0..,
@@ -147,19 +148,10 @@ __device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], const T* tile_t, 
       a, tile_t + L::at(c0 + (lane & 7) + ((lane >> 4) << 3), r0 + ((lane >> 3) & 1) * 8));
 }
 
-// Two B operands from a tile stored [n][k] (Q_i, dO_i: query rows, d columns), like the
-// forward's load_b_nk: b[0..1] for the n8 tile at n0, b[2..3] for n0 + 8, over k0..k0+15.
-// The matrices are taken in the order (n0, k0) (n0, k0 + 8) (n0 + 8, k0) (n0 + 8, k0 + 8),
-// which is b[0], b[1], b[2], b[3]: no moves.
-template <class L, class T>
-__device__ __forceinline__ void load_b_nk_paired(uint32_t (&b)[4], const T* tile, int n0, int k0,
-                                                 int lane) {
-  ldmatrix_x4(b, tile + L::at(n0 + (lane & 7) + ((lane >> 4) << 3), k0 + ((lane >> 3) & 1) * 8));
-}
-
 // C = A B^T for the warp's 16 rows of A (rows row0.., D columns) and every row of B (the
 // kNT * 8 rows of a Q-shaped tile): S^T = K_j Q_i^T and dP^T = V_j dO_i^T. A: plain
-// ldmatrix of the rows; B[k = d][n = query] = tile[query][d], stored [n][k]: plain ldmatrix.
+// ldmatrix of the rows; B[k = d][n = query] = tile[query][d], stored [n][k]: plain ldmatrix
+// by the forward's load_b_nk, whose map gives the pairs b[0], b[1] and b[2], b[3] in order.
 template <class L, class T, int D, int kNT>
 __device__ __forceinline__ void warp_rows_abt(float (&c)[kNT][4], const T* a, int row0, const T* b,
                                               int lane) {
@@ -174,7 +166,7 @@ __device__ __forceinline__ void warp_rows_abt(float (&c)[kNT][4], const T* a, in
 #pragma unroll
     for (int nt = 0; nt < kNT; nt += 2) {
       uint32_t bf[4];
-      load_b_nk_paired<L>(bf, b, nt * 8, kk * 16, lane);
+      load_b_nk<L, true>(bf, b, nt * 8, kk * 16, lane);
       mma_16816<T>(c[nt], af, bf[0], bf[1]);
       mma_16816<T>(c[nt + 1], af, bf[2], bf[3]);
     }
