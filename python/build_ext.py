@@ -6,9 +6,11 @@
     python3 python/build_ext.py cpu        # rung 0 only: builds without CUDA
 
 Prints where each library was built and, for CUDA, every (rung, dtype, head dim) it holds.
-Exit status 1 if a build failed (the message says why), 2 for a bad argument.
+With both, the CPU library compiles in a child process beside the CUDA one, then this process
+loads the two. Exit status 1 if a build failed (the message says why), 2 for a bad argument.
 """
 
+import faulthandler
 import sys
 from pathlib import Path
 
@@ -17,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ladder_torch.build import main  # noqa: E402
 
 if __name__ == "__main__":
+    faulthandler.enable()  # a crash in native code prints the Python stack that led to it
     kinds = sys.argv[1:] or ["cuda", "cpu"]
     if any(k not in ("cpu", "cuda") or k.startswith("-") for k in kinds):
         print(__doc__.strip(), file=sys.stderr)

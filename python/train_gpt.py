@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """A small character-level GPT trained on the project's own text, once per attention.
 
-    python3 python/train_gpt.py --attn sdpa rung6 --steps 300 --seed 0 --out out/gpt
+    python3 python/train_gpt.py --attn sdpa rung6 rung7 --steps 300 --seed 0 --out out/gpt
 
 Each --attn trains the same model from the same initial weights on the same batches (both
 drawn from --seed), and only the attention differs: PyTorch's scaled_dot_product_attention
-(sdpa) or a ladder rung through ladder_attention (rung6; rung5 with --precision fp32; rung7
-once it is built). Mixed precision by autocast: fp32 master weights and optimizer state,
-matrix products (and so q, k, v and the attention) in bf16.
+(sdpa) or a ladder rung through ladder_attention (rung6, rung7; rung5 with --precision
+fp32). Mixed precision by autocast: fp32 master weights and optimizer state, matrix products
+(and so q, k, v and the attention) in bf16.
 
 Per run, DIR/<attn>.csv has step,loss,ms (ms: the step's GPU time between CUDA events
 recorded on the stream, no synchronisation inside the loop) and DIR/<attn>.json a summary:
@@ -266,7 +266,9 @@ def train(attn: str, args, text: str, device: torch.device) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--attn", nargs="+", default=["sdpa", "rung6"], help="sdpa, rung6, ...")
+    ap.add_argument(
+        "--attn", nargs="+", default=["sdpa", "rung6", "rung7"], help="sdpa, rung6, rung7, ..."
+    )
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="out/gpt")

@@ -15,6 +15,7 @@
 #include <limits>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -74,20 +75,6 @@ std::string built_kernels() {
   return s.str();
 }
 
-cudaError_t allow_shared_memory(const void* fn, int bytes, bool max_carveout,
-                                std::atomic<unsigned long long>& done) {
-  int dev = 0;
-  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-  const unsigned long long bit = dev < 64 ? 1ull << dev : 0ull;  // past 64 devices: every time
-  if (bit != 0 && (done.load(std::memory_order_relaxed) & bit) != 0) return cudaSuccess;
-  cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (e == cudaSuccess && max_carveout)
-    e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             int(cudaSharedmemCarveoutMaxShared));
-  if (e == cudaSuccess) done.fetch_or(bit);
-  return e;
-}
-
 // ------------------------------------------------------------------------------- operators
 
 namespace {
@@ -111,7 +98,7 @@ DType dtype_of(const at::Tensor& t) {
       return DType::bf16;
     default:
       TORCH_CHECK_TYPE(false, "ladder: no CUDA rung takes ", t.scalar_type(),
-                       " tensors (rung 5: float32; rung 6: float16, bfloat16)");
+                       " tensors (rung 5: float32; rungs 6, 7: float16, bfloat16)");
   }
 }
 
@@ -168,6 +155,22 @@ float* f32_or_null(const at::Tensor& t) {
   return t.numel() > 0 ? t.data_ptr<float>() : nullptr;
 }
 
+// Calls a rung's forward or backward and turns what goes wrong into a Python exception: a CUDA
+// error as PyTorch reports its own, and an exception from the rung's host code (rung 07 checks
+// its parameters and throws) as a RuntimeError that keeps its message.
+template <class Call>
+void run_rung(int64_t rung, const char* what, Call&& call) {
+  cudaError_t e = cudaSuccess;
+  try {
+    e = call();
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& x) {
+    TORCH_CHECK(false, "ladder: rung ", rung, " ", what, ": ", x.what());
+  }
+  C10_CUDA_CHECK(e);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q_in,
                                                         const at::Tensor& k_in,
                                                         const at::Tensor& v_in, bool causal,
@@ -196,7 +199,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q_in,
   a.batch = s.batch, a.heads = s.heads, a.heads_kv = s.heads_kv;
   a.seq_q = s.seq_q, a.seq_k = s.seq_k, a.dim = s.dim;
   a.scale = float(negate ? -scale : scale), a.causal = causal;
-  C10_CUDA_CHECK(kern.forward(a, c10::cuda::getCurrentCUDAStream()));
+  run_rung(rung, "forward", [&] { return kern.forward(a, c10::cuda::getCurrentCUDAStream()); });
   return {o, lse, lse_lo};
 }
 
@@ -236,8 +239,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
     dq.zero_(), dk.zero_(), dv.zero_();
     return {dq, dk, dv};
   }
-  // Workspaces, written by the kernels before they are read: the pre-pass zeroes dq_acc.
-  at::Tensor lse2 = at::empty(rows_shape, f32), dsum = at::empty(rows_shape, f32);
+  // Workspaces, written by the kernels before they are read: the pre-pass zeroes dq_acc. LSE
+  // log2(e) and D per query row, the rows padded to the rung's multiple (rung 07 copies a
+  // tile's rows in whole aligned blocks).
+  const int64_t pad = std::max(1, kern.bwd_row_pad);
+  const std::vector<int64_t> padded_shape{s.batch, s.heads, (s.seq_q + pad - 1) / pad * pad};
+  at::Tensor lse2 = at::empty(padded_shape, f32), dsum = at::empty(padded_shape, f32);
   at::Tensor dq_acc = at::empty(q.sizes(), f32);
   BwdArgs a{};
   a.q = q.data_ptr(), a.k = k.data_ptr(), a.v = v.data_ptr(), a.o = o.data_ptr();
@@ -249,7 +256,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
   a.batch = s.batch, a.heads = s.heads, a.heads_kv = s.heads_kv;
   a.seq_q = s.seq_q, a.seq_k = s.seq_k, a.dim = s.dim;
   a.scale = float(negate ? -scale : scale), a.scale_dq = float(scale), a.causal = causal;
-  C10_CUDA_CHECK(kern.backward(a, c10::cuda::getCurrentCUDAStream()));
+  run_rung(rung, "backward", [&] { return kern.backward(a, c10::cuda::getCurrentCUDAStream()); });
   return {dq, dk, dv};
 }
 

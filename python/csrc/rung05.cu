@@ -18,12 +18,15 @@ constexpr int kBr = 64;
 // The device's opt-in shared memory per block, granted to `fn` (once per device). The launch
 // asks for what it needs; this only lifts the 48 KiB default ceiling.
 cudaError_t allow_opt_in(const void* fn, std::atomic<unsigned long long>& ready) {
-  int dev = 0, bytes = 0;
-  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-      e != cudaSuccess)
-    return e;
-  return allow_shared_memory(fn, bytes, false, ready);
+  return once_per_device(ready, [fn] {
+    int dev = 0, bytes = 0;
+    if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+    if (cudaError_t e =
+            cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+        e != cudaSuccess)
+      return e;
+    return cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  });
 }
 
 template <int D>
@@ -66,7 +69,7 @@ cudaError_t backward(const BwdArgs& a, cudaStream_t stream) {
 
 template <int D>
 RungKernels entry() {
-  return RungKernels{5, DType::f32, D, false, true, &forward<D>, &backward<D>};
+  return RungKernels{5, DType::f32, D, false, true, 1, &forward<D>, &backward<D>};
 }
 
 const Registrar kRung05{entry<64>(), entry<128>()};

@@ -17,9 +17,9 @@ template <class T, int D>
 cudaError_t forward(const FwdArgs& a, cudaStream_t stream) {
   static std::atomic<unsigned long long> ready{0};
   const s06::FwdKernel k = s06::fwd_kernel<T, D, s06::kFwdAll>();
-  // Two blocks of up to 112 KiB per SM need the largest shared-memory carve-out of L1.
-  if (cudaError_t e = allow_shared_memory(k.fn, k.smem_bytes, true, ready); e != cudaSuccess)
-    return e;
+  // The rung's own configure(): the shared-memory limit and the largest carve-out (two blocks
+  // of up to 112 KiB per SM) for every instantiation launch() may pick, once per device.
+  if (cudaError_t e = once_per_device(ready, k.configure); e != cudaSuccess) return e;
   s06::FwdParams p{};  // zero: dropout and block masks off
   p.q = a.q, p.k = a.k, p.v = a.v, p.o = a.o, p.lse = a.lse;
   p.batch = a.batch, p.heads = a.heads, p.heads_kv = a.heads_kv, p.group = a.heads / a.heads_kv;
@@ -35,8 +35,7 @@ template <class T, int D>
 cudaError_t backward(const BwdArgs& a, cudaStream_t stream) {
   static std::atomic<unsigned long long> ready{0};
   const s06::BwdKernel k = s06::bwd_kernel<T, D>();
-  if (cudaError_t e = allow_shared_memory(k.fn, k.smem_bytes, true, ready); e != cudaSuccess)
-    return e;
+  if (cudaError_t e = once_per_device(ready, k.configure); e != cudaSuccess) return e;
   s06::BwdParams p{};
   p.q = a.q, p.k = a.k, p.v = a.v, p.o = a.o, p.dout = a.dout;
   p.lse = a.lse, p.lse2 = a.lse2, p.dsum = a.dsum, p.dq_acc = a.dq_acc;
@@ -56,7 +55,7 @@ cudaError_t backward(const BwdArgs& a, cudaStream_t stream) {
 
 template <class T, int D>
 RungKernels entry(DType dtype) {
-  return RungKernels{6, dtype, D, true, false, &forward<T, D>, &backward<T, D>};
+  return RungKernels{6, dtype, D, true, false, 1, &forward<T, D>, &backward<T, D>};
 }
 
 // Both dtypes at head dim D: one file per head dim (rung06_d*.cu) lets the build compile them

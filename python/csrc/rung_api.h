@@ -1,8 +1,8 @@
 // The seam between PyTorch and the ladder's CUDA kernels: plain C++ and CUDA runtime types
-// only, no torch headers. The .cu adaptors (rung05.cu, rung06_*.cu) include this and the
-// rung's own kernel headers, so nvcc never parses torch; ops_cuda.cpp includes this and torch,
-// so g++ never parses the kernels. Each adaptor registers the (rung, dtype, head dim)
-// instantiations it compiled, at load time, in the registry that ops_cuda.cpp owns.
+// only, no torch headers. The adaptors (rung05.cu, rung06_*.cu, rung07.cpp) include this and
+// the rung's own host API or kernel headers, so nvcc never parses torch; ops_cuda.cpp includes
+// this and torch, so g++ never parses the kernels. Each adaptor registers the (rung, dtype,
+// head dim) instantiations it compiled, at load time, in the registry that ops_cuda.cpp owns.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -29,8 +29,9 @@ struct FwdArgs {
 };
 
 // One backward call: the forward's q (negated when it was), k, v, o, lse, lse_lo, and dO in;
-// dq, dk, dv out; fp32 workspaces lse2, dsum [B, H, M] and dq_acc [B, H, M, d], which the
-// caller allocates and the kernels initialise themselves.
+// dq, dk, dv out; fp32 workspaces lse2, dsum [B, H, M'] and dq_acc [B, H, M, d], which the
+// caller allocates and the kernels initialise themselves (M' = M rounded up to the rung's
+// bwd_row_pad).
 struct BwdArgs {
   const void* q;
   const void* k;
@@ -52,13 +53,16 @@ struct BwdArgs {
 };
 
 // One compiled instantiation of a rung. Both functions enqueue on `stream` and return the
-// first CUDA error (a refused attribute or launch), cudaSuccess otherwise.
+// first CUDA error (a refused attribute or launch), cudaSuccess otherwise; a rung whose host
+// API reports errors by exception (rung 07) may throw std::exception, which the operator turns
+// into a Python error with its message.
 struct RungKernels {
   int rung;
   DType dtype;
   int dim;
   bool positive_scale;  // the kernel needs scale > 0: the caller negates Q for a negative one
   bool lse_lo;          // the forward writes lse_lo and the backward reads it
+  int bwd_row_pad;      // lse2 and dsum rows: seq_q rounded up to a multiple of this (1: none)
   cudaError_t (*forward)(const FwdArgs&, cudaStream_t);
   cudaError_t (*backward)(const BwdArgs&, cudaStream_t);  // null: forward only
 };
@@ -75,11 +79,19 @@ struct Registrar {
   }
 };
 
-// Lets kernel `fn` use `bytes` of dynamic shared memory (and, with max_carveout, asks for the
-// largest shared-memory share of L1, as the ladder's own launches do for rung 06).
-// cudaFuncSetAttribute is per device: `done` (one per kernel) remembers the devices where it
-// was set, so a launch pays for it once per device, not every time.
-cudaError_t allow_shared_memory(const void* fn, int bytes, bool max_carveout,
-                                std::atomic<unsigned long long>& done);
+// Runs `configure` (cudaFuncSetAttribute calls: a kernel's shared-memory limit and carve-out,
+// which are per device) the first time it is asked for on the current device; `done` (one per
+// instantiation) remembers the devices where it succeeded, so a launch pays for it once per
+// device, not every time. Returns configure's error (and tries again on the next call).
+template <class Configure>
+cudaError_t once_per_device(std::atomic<unsigned long long>& done, Configure&& configure) {
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  const unsigned long long bit = dev < 64 ? 1ull << dev : 0ull;  // past 64 devices: every time
+  if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return cudaSuccess;
+  const cudaError_t e = configure();
+  if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_release);
+  return e;
+}
 
 }  // namespace ladder_torch

@@ -10,10 +10,15 @@ edits a kernel header and reruns. The two libraries:
   cpu   rung 0, the float64 oracle: ops_cpu.cpp with reference/oracle.cpp and common/tensor.cpp,
         dtype.cpp; needs Eigen (LADDER_EIGEN_INCLUDE, else .deps/include/eigen3, else
         /usr/include/eigen3). g++ only: builds where there is no CUDA.
-  cuda  the GPU rungs: ops_cuda.cpp (g++, torch headers) and each rung's adaptor .cu (nvcc, the
-        rung's kernel headers, no torch headers), one file per dtype so that ninja compiles them
-        in parallel; only the instantiations the operator uses, for the architectures the
-        rungs' rows in rungs.py name (sm_90).
+  cuda  the GPU rungs: ops_cuda.cpp (g++, torch headers) and each rung's adaptor (nvcc for a
+        .cu that instantiates the rung's kernel headers, no torch headers; one file per head
+        dim so that ninja compiles them in parallel), plus the kernel files of a rung that has
+        them (rung 07's), for the architecture the rungs' rows in rungs.py name (sm_90a as soon
+        as one row needs it).
+
+Both libraries are compiled with hidden visibility and linked with csrc/exports.map, so they
+export no symbol: loaded into one process (with RTLD_GLOBAL, as torch.ops.load_library does),
+neither can bind the other's calls to its own copies of shared template code.
 
 LADDER_TORCH_VERBOSE=1 prints the compiler command lines; MAX_JOBS caps ninja's parallelism.
 """
@@ -21,6 +26,8 @@ LADDER_TORCH_VERBOSE=1 prints the compiler command lines; MAX_JOBS caps ninja's 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -62,6 +69,12 @@ def eigen_include() -> Path:
     )
 
 
+# Every compilation: warnings on, and no symbol visible outside its library (exports.map
+# removes what the headers mark visible, such as PyTorch's classes' vtables).
+CXX_FLAGS = ["-O2", "-Wall", "-Wextra", "-fvisibility=hidden", "-fvisibility-inlines-hidden"]
+LD_FLAGS = [f"-Wl,--version-script={CSRC / 'exports.map'}"]
+
+
 def _cpu_spec() -> dict:
     return dict(
         name="ladder_torch_cpu",
@@ -72,7 +85,8 @@ def _cpu_spec() -> dict:
             REPO / "common" / "dtype.cpp",
         ],
         extra_include_paths=[REPO / "common", REPO / "reference", eigen_include()],
-        extra_cflags=["-O2", "-Wall", "-Wextra"],
+        extra_cflags=CXX_FLAGS,
+        extra_ldflags=LD_FLAGS,
     )
 
 
@@ -87,19 +101,28 @@ def cuda_arch_flags() -> list[str]:
 def _cuda_spec() -> dict:
     cuda_rungs = [r for r in RUNGS.values() if r.device == "cuda"]
     sources = [CSRC / "ops_cuda.cpp"] + [CSRC / s for r in cuda_rungs for s in r.sources]
+    sources += [REPO / s for r in cuda_rungs for s in r.kernel_sources]
     includes = [CSRC, REPO / "common", REPO / "steps"]
     includes += [REPO / d for r in cuda_rungs for d in r.include_dirs]
     return dict(
         name="ladder_torch_cuda",
         sources=sources,
         extra_include_paths=includes,
-        extra_cflags=["-O2", "-Wall", "-Wextra"],
+        extra_cflags=CXX_FLAGS,
         extra_cuda_cflags=[
             "-O3",
             "--expt-relaxed-constexpr",
-            "-Xcompiler=-Wall,-Wextra",
+            "-Xcompiler=" + ",".join(f for f in CXX_FLAGS if f != "-O2"),
+            # PyTorch compiles extensions without cuda_fp16.h's and cuda_bf16.h's operators and
+            # conversions; the kernels are written (and their SASS checked) with them, as the
+            # ladder's own build compiles them.
+            "-U__CUDA_NO_HALF_OPERATORS__",
+            "-U__CUDA_NO_HALF_CONVERSIONS__",
+            "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+            "-U__CUDA_NO_HALF2_OPERATORS__",
             *cuda_arch_flags(),
         ],
+        extra_ldflags=LD_FLAGS,
     )
 
 
@@ -154,17 +177,42 @@ def loaded(kind: str) -> bool:
     return kind in _loaded
 
 
+def _build_in_child(kind: str) -> subprocess.Popen:
+    """Builds (and loads, to check it) library `kind` in a child process, for main() to wait
+    on: the two libraries share no object file, so they compile side by side."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "python"), env.get("PYTHONPATH", "")])
+    code = f"import faulthandler; faulthandler.enable(); from ladder_torch.build import load; load({kind!r})"
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 def main(kinds: list[str]) -> int:
-    """Builds ahead of time (python/build_ext.py), prints what was built; 1 if one failed."""
+    """Builds ahead of time (python/build_ext.py), prints what was built; 1 if one failed.
+
+    With both kinds, the CPU library compiles in a child process while this one compiles the
+    CUDA library; then this process loads both, one after the other, as a test session does."""
     status = 0
-    for kind in kinds:
+    child = _build_in_child("cpu") if "cpu" in kinds and "cuda" in kinds else None
+    for kind in sorted(kinds, key=lambda k: k != "cuda"):
         start = time.perf_counter()
+        how = ""
+        if kind == "cpu" and child is not None:
+            log = child.communicate()[0]
+            how = ", compiled beside cuda"
+            if child.returncode != 0:  # load() below says why; the child's output may say more
+                print(f"cpu: the child build exited {child.returncode}:\n{log}", file=sys.stderr)
         try:
             path = load(kind)
-            print(f"{kind}: built in {path} ({time.perf_counter() - start:.1f} s)")
+            print(f"{kind}: built in {path} ({time.perf_counter() - start:.1f} s{how})", flush=True)
             if kind == "cuda":
-                print(torch.ops.ladder.cuda_kernels())
+                print(torch.ops.ladder.cuda_kernels(), flush=True)
         except ExtensionUnavailable as e:
-            print(f"{kind}: not built: {e}")
+            print(f"{kind}: not built: {e}", flush=True)
             status = 1
     return status

@@ -162,7 +162,8 @@ def ladder_attention(
     causal: key j visible to query i iff j <= i + N - M (bottom-right aligned, as
     FlashAttention; the same as SDPA's is_causal when M == N). A query row that sees no key
     gets zeros and LSE = -inf.
-    rung: 6 (tensor cores; bfloat16, float16; d 32, 64, 96, 128), 5 (float32; d 64, 128),
+    rung: 6 (tensor cores; bfloat16, float16; d 32, 64, 96, 128), 7 (Hopper: TMA and wgmma;
+    bfloat16, float16; d 64, 128), 5 (float32; d 64, 128),
     0 (the float64 oracle, CPU tensors of float64 or float32: for gradcheck); see RUNGS.
     Returns out [B, H, M, d] (q's dtype), and with return_lse=True also LSE [B, H, M]
     (natural log; float32, float64 for rung 0 in float64), which carries no gradient.

@@ -1,7 +1,8 @@
 """The rungs PyTorch can call: one row per rung, and nothing else knows the list.
 
 A row says what the rung takes (device, dtypes, head dims, backward) and how to build it
-(its adaptor sources under python/csrc, its kernel headers, the GPU architecture). The
+(its adaptor sources under python/csrc, its kernel headers or kernel files, the GPU
+architecture). The
 operator's checks, its fake implementation (for torch.compile) and the build all read this
 table; the adaptor registers the compiled kernels with the C++ side, which checks them again.
 """
@@ -23,6 +24,9 @@ class Rung:
     backward_dims: tuple[int, ...] | None  # () : forward only; None: any
     sources: tuple[str, ...] = ()  # adaptors in python/csrc, compiled into the CUDA extension
     include_dirs: tuple[str, ...] = ()  # the rung's kernel headers, relative to the repository
+    # The rung's own kernel files (relative to the repository), compiled into the CUDA extension
+    # as they are, for a rung whose kernels live in .cu files rather than headers.
+    kernel_sources: tuple[str, ...] = ()
     lse_lo: bool = False  # keeps LSE's rounding residual for its backward (a third output)
     arch: str = "sm_90"  # the CUDA target its kernels need; sm_90a for wgmma and TMA
 
@@ -71,9 +75,21 @@ RUNGS: dict[int, Rung] = {
             sources=("rung06_d32.cu", "rung06_d64.cu", "rung06_d96.cu", "rung06_d128.cu"),
             include_dirs=("steps/06_tensor_core_fa2",),
         ),
-        # Rung 07 joins with one row, e.g. (forward only, wgmma needs sm_90a):
-        # Rung(7, "07_wgmma_tma_fa3", "cuda", (torch.bfloat16, torch.float16), (64, 128), (),
-        #      sources=("rung07.cu",), include_dirs=("steps/07_wgmma_tma_fa3",), arch="sm_90a"),
+        Rung(
+            7,
+            "07_wgmma_tma_fa3",
+            "cuda",
+            (torch.bfloat16, torch.float16),
+            (64, 128),
+            (64, 128),
+            sources=("rung07.cpp",),
+            include_dirs=("steps/07_wgmma_tma_fa3",),
+            kernel_sources=(
+                "steps/07_wgmma_tma_fa3/wgmma_tma_fa3.cu",
+                "steps/07_wgmma_tma_fa3/wgmma_tma_fa3_backward.cu",
+            ),
+            arch="sm_90a",  # wgmma, TMA and setmaxnreg: the whole library is then sm_90a
+        ),
     )
 }
 

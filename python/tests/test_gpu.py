@@ -1,6 +1,7 @@
-"""The GPU rungs (05: float32, 06: bfloat16/float16) through the operator, against SDPA:
-forward, LSE and gradients on odd shapes, the operator's registration (opcheck), layouts,
-errors, and torch.compile of a module that uses it. Needs an sm_90 GPU (H100/H200).
+"""The GPU rungs (05: float32; 06 and 07: bfloat16/float16) through the operator, against
+SDPA: forward, LSE and gradients on odd shapes, the operator's registration (opcheck), layouts,
+streams, rung 07's cached plans, errors, and torch.compile of a module that uses it. Needs an
+sm_90 GPU (H100/H200).
 
 Tolerance, as the ladder's own harness: against SDPA in float64 on the same (rounded) inputs,
 a rung's error may be at most 2x (3x for gradients) the error of SDPA itself computed in the
@@ -51,6 +52,9 @@ CASES_06 = [
     (1, 2, 2, 100, 150, 128, True, 0.5),
     (1, 2, 1, 1000, 1500, 128, True, None),  # many K/V tiles
 ]
+# Rung 07 takes d = 64 and 128: rung 06's cases at those dims, and seq_q = 1000 at d = 64, where
+# the default kernel's 192-row query tiles meet a partial last tile (1000 = 5 x 192 + 40).
+CASES_07 = [c for c in CASES_06 if c[5] in (64, 128)] + [(1, 3, 1, 1000, 1100, 64, True, None)]
 CASES_05 = [
     (2, 4, 4, 113, 203, 64, False, None),
     (1, 6, 6, 200, 77, 128, True, None),
@@ -59,6 +63,7 @@ CASES_05 = [
     (1, 2, 1, 700, 900, 128, True, None),
 ]
 PARAMS = [(6, dt, c) for dt in (torch.bfloat16, torch.float16) for c in CASES_06]
+PARAMS += [(7, dt, c) for dt in (torch.bfloat16, torch.float16) for c in CASES_07]
 PARAMS += [(5, torch.float32, c) for c in CASES_05]
 
 
@@ -109,7 +114,9 @@ def test_forward_lse_and_gradients_match_sdpa(p):
         assert torch.all(ours[0][:, :, : m - n] == 0) and torch.all(ours[1][:, :, : m - n] == 0)
 
 
-@pytest.mark.parametrize("rung,dtype", [(6, torch.bfloat16), (5, torch.float32)])
+@pytest.mark.parametrize(
+    "rung,dtype", [(6, torch.bfloat16), (7, torch.bfloat16), (5, torch.float32)]
+)
 def test_strided_and_misaligned_inputs_give_the_same_result(rung, dtype):
     q, k, v, _ = ref.inputs(2, 4, 2, 77, 90, 64, dtype, DEV, requires_grad=False)
     want = ladder_attention(q, k, v, causal=True, rung=rung)
@@ -128,19 +135,45 @@ def test_strided_and_misaligned_inputs_give_the_same_result(rung, dtype):
     assert torch.equal(ladder_attention(*shifted, causal=True, rung=rung), want)
 
 
-def test_runs_on_the_current_stream():
+@pytest.mark.parametrize("rung", [6, 7])
+def test_runs_on_the_current_stream(rung):
     q, k, v, _ = ref.inputs(1, 4, 4, 256, 256, 64, torch.bfloat16, DEV, requires_grad=False)
-    want = ladder_attention(q, k, v, rung=6)
+    want = ladder_attention(q, k, v, rung=rung)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        got = ladder_attention(q, k, v, rung=6)
+        got = ladder_attention(q, k, v, rung=rung)
     torch.cuda.current_stream().wait_stream(side)
     assert torch.equal(got, want)
 
 
+def test_rung7_cached_plans_follow_the_data_not_the_first_call():
+    """Rung 07 caches its plans (TMA tensor maps) by pointers and shapes: a second call on the
+    same buffers with new contents, and a call on new buffers, must both compute afresh."""
+    q, k, v, do = ref.inputs(2, 4, 2, 300, 300, 64, torch.bfloat16, DEV, requires_grad=False)
+    first = ladder_attention(q, k, v, causal=True, rung=7)
+    q2, k2, v2 = (t.clone() for t in (q, k, v))
+    want = ladder_attention(q2, k2, v2, causal=True, rung=7)  # new buffers: a new plan
+    assert torch.equal(want, first)
+    with torch.no_grad():  # same buffers, new contents: the cached plan, the new data
+        for t in (q, k, v):
+            t.mul_(-0.5)
+    got = ladder_attention(q, k, v, causal=True, rung=7)
+    exact = ref.sdpa(q.double(), k.double(), v.double(), True, None)
+    assert not torch.equal(got, first)
+    assert ref.max_err(got, exact) <= 2 * ref.max_err(ref.sdpa(q, k, v, True, None), exact) + 2**-8
+    # the backward's plans likewise: two gradient passes on the same buffers, different dO
+    qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    out = ladder_attention(qg, kg, vg, causal=True, rung=7)
+    (dq1,) = torch.autograd.grad(out, qg, do, retain_graph=True)
+    (dq2,) = torch.autograd.grad(out, qg, 2 * do)
+    assert torch.allclose(dq2.float(), 2 * dq1.float(), rtol=2**-7, atol=1e-3)
+
+
 @pytest.mark.parametrize(
-    "rung,dtype", [(6, torch.bfloat16), (6, torch.float16), (5, torch.float32)]
+    "rung,dtype",
+    [(6, torch.bfloat16), (6, torch.float16), (7, torch.bfloat16), (7, torch.float16)]
+    + [(5, torch.float32)],
 )
 def test_opcheck(rung, dtype):
     q, k, v, _ = ref.inputs(1, 4, 2, 33, 70, 64, dtype, DEV)
@@ -159,6 +192,8 @@ ERRORS = [
     (_cuda(1, 2, 8, 80), _cuda(1, 2, 8, 80), _cuda(1, 2, 8, 80), {}, ValueError, "head dim 80"),
     (_cuda(*Q, dtype=F64), _cuda(*Q, dtype=F64), _cuda(*Q, dtype=F64), {}, TypeError, "bfloat16"),
     (*(_cuda(1, 2, 8, 32, dtype=F32),) * 3, dict(rung=5), ValueError, "head dim 32"),
+    (*(_cuda(1, 2, 8, 32),) * 3, dict(rung=7), ValueError, "head dim 32"),
+    (*(_cuda(*Q, dtype=F32),) * 3, dict(rung=7), TypeError, "bfloat16"),
     (_cuda(*Q), _cuda(*Q), _cuda(*Q), dict(rung=0), ValueError, "cpu tensors"),
     (_cuda(*Q), _cuda(*Q).cpu(), _cuda(*Q), {}, ValueError, "devices"),
     # past the grid's limits: the C++ side's check, through the Python call
@@ -175,6 +210,7 @@ def test_unsupported_inputs_raise_clear_errors(q, k, v, kwargs, error, words):
 # The C++ checks, reached by calling the operator directly: (q, k, v, rung, ...)
 OP_ERRORS = [
     (*(_cuda(1, 2, 8, 80),) * 3, 6, NotImplementedError, "no forward"),
+    (*(_cuda(1, 2, 8, 96),) * 3, 7, NotImplementedError, "no forward"),
     (*(_cuda(*Q, dtype=F64),) * 3, 6, TypeError, "no CUDA rung"),
     (_cuda(1, 3, 8, 64), _cuda(*Q), _cuda(*Q), 6, ValueError, "multiple"),
 ]
@@ -204,9 +240,10 @@ class Block(torch.nn.Module):
         return x + self.out(y.transpose(1, 2).reshape(b, t, c))
 
 
-def test_torch_compile_module_uses_the_operator():
+@pytest.mark.parametrize("rung", [6, 7])
+def test_torch_compile_module_uses_the_operator(rung):
     torch.manual_seed(0)
-    model = Block().to(DEV, torch.bfloat16)
+    model = Block(rung=rung).to(DEV, torch.bfloat16)
     x = torch.randn(2, 200, 256, device=DEV, dtype=torch.bfloat16, requires_grad=True)
     y_eager = model(x)
     (g_eager,) = torch.autograd.grad(y_eager.float().square().sum(), x)
