@@ -12,6 +12,8 @@
 #   ceilings   the measured ceilings -> $OUT/ceilings.csv
 #   bench      ladder bench $BENCH_ARGS (default --preset flash) -> $OUT/<gpu>.csv
 #   peers      tools/peers.py $PEER_ARGS, rows appended to the same $OUT/<gpu>.csv
+#   python     build the PyTorch extension (python/build_ext.py), then pytest python/tests
+#   gpt        the small GPT once per attention (sdpa rung6 rung7), 300 steps -> $OUT/gpt/
 # Environment: OUT (default ./out), BENCH_ARGS, PEER_ARGS, CTEST_ARGS (e.g. "-R 07"),
 # LADDER_COMMIT (the commit the rows are stamped with; default: git, else "unknown"), GPU_TAG
 # (the results file's name, default h100).
@@ -78,6 +80,17 @@ for stage in $stages; do
       PYTHONUNBUFFERED=1 python3 tools/peers.py --csv "$OUT/$GPU_TAG.csv" --commit "$commit" \
         ${PEER_ARGS:-} >"$OUT/peers.log" 2>&1 || status=1
       log "peers: $(tail -n 1 "$OUT/peers.log")"
+      ;;
+    python)
+      { python3 python/build_ext.py && python3 -m pytest -q -rs python/tests; } \
+        >"$OUT/python.log" 2>&1 || status=1
+      log "python: $(tail -n 1 "$OUT/python.log")"
+      ;;
+    gpt)
+      { python3 python/train_gpt.py --attn sdpa rung6 rung7 --steps 300 --seed 0 \
+          --out "$OUT/gpt" && python3 python/plot_gpt.py "$OUT/gpt"; } >"$OUT/gpt.log" 2>&1 ||
+        status=1
+      log "gpt: $(grep -E ' / sdpa|within|outside' "$OUT/gpt.log" | tr '\n' ' ')"
       ;;
     *)
       echo "unknown stage '$stage'"
