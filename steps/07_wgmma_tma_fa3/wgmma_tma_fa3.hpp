@@ -155,10 +155,9 @@ std::string describe(const FwdPlan& plan);
 //   lse2    [batch, heads, rows_padded] fp32    LSE * log2(e), +inf for rows with no visible
 //                                               key and for the padding rows
 //   dsum    [batch, heads, rows_padded] fp32    D = rowsum(dO o O), 0 in the padding rows
-// with rows_padded = seq_q rounded up to kBwdRowPad, so that the consumers load every Q tile's
-// LSE and D rows whole, without bounds checks. Block-sparse: q_count / q_index are
-// common/block_mask.hpp's q_block_lists (per mask row (b', h', key block J) the kept query blocks,
-// ascending).
+// with rows_padded = seq_q rounded up to kBwdRowPad, so that every Q tile's LSE and D rows are
+// one aligned 1-D bulk copy. Block-sparse: q_count / q_index are common/block_mask.hpp's
+// q_block_lists (per mask row (b', h', key block J) the kept query blocks, ascending).
 // ---------------------------------------------------------------------------------------------
 
 constexpr int kBwdRowPad = 128;

@@ -12,16 +12,11 @@
 //   post-pass dQ = scale dQ_acc, rounded to T
 //
 // What changes from step 06 is the machinery (the forward's, wgmma_tma_fa3.cu):
-//   - a producer warpgroup: warp 0 streams Q_i and dO_i by TMA into a 2-stage ring of full/empty
-//     mbarriers; warp 1 (tma-reduce variant) adds each item's dQ tile to global memory with
-//     cp.reduce.async.bulk.tensor (the copy engine adds at the L2);
+//   - a producer warpgroup: warp 0 streams Q_i (+ L_i) and dO_i (+ D_i) by TMA and 1-D bulk copies
+//     into a 2-stage ring of full/empty mbarriers; warp 1 (tma-reduce variant) adds each item's
+//     dQ tile to global memory with cp.reduce.async.bulk.tensor (the copy engine adds at the L2);
 //   - two consumer warpgroups (setmaxnreg 24 / 240); warpgroup w owns keys 64w .. 64w+63 of the
-//     tile and keeps their dK, dV (fp32) in registers for the whole CTA. Each warpgroup copies
-//     an item's L_i, D_i (Br floats each, L2-resident) into shared memory itself: loads issued
-//     before the S^T product, stores and a named barrier of the warpgroup after it. (A 1-D bulk
-//     copy by the producer is as correct, but racecheck charges its writes to the issuing thread
-//     and does not see the empty barrier that orders them after the consumers' reads: thousands
-//     of false hazards, among which a real one would go unnoticed.)
+//     tile and keeps their dK, dV (fp32) in registers for the whole CTA;
 //   - every product is a wgmma.
 //
 // Which products are transposed, and why. A warpgroup owns 64 KEY rows, so it computes the
@@ -45,8 +40,7 @@
 //   issue dV += P^T dO_i, dK += dS^T Q_i
 //   dS^T -> shared memory; fence.proxy.async; named barrier (both warpgroups); issue dQ = dS K_j
 //   wait dV, dK -> release the Q/dO stage to the producer
-//   load L_{x+1}, D_{x+1}; issue S^T_{x+1} = K_w Q_{x+1}^T; wait dQ_x -> dQ out (the stores
-//   run under S^T_{x+1}); L_{x+1}, D_{x+1} -> shared memory, named barrier (this warpgroup)
+//   issue S^T_{x+1} = K_w Q_{x+1}^T; wait dQ_x -> dQ out (the stores run under S^T_{x+1})
 //   wait S^T_{x+1}; issue dP^T_{x+1} = V_w dO_{x+1}^T; P^T_{x+1} = exp2(S^T scale log2e - L)
 //   (the exps run under dP^T_{x+1}) -> loop edge
 // then dK *= scale, and dK, dV stored. The dS^T buffer is double-buffered: a warpgroup writes
@@ -113,10 +107,9 @@ struct Cfg {
   static constexpr int kDO = kQ + kStages * kQBytes;
   static constexpr int kDS = kDO + kStages * kQBytes;
   static constexpr int kDQ = kDS + 2 * kDSBytes;
-  // L_i and D_i of an item, [L: Br floats][D: Br floats]; two slots per consumer warpgroup.
-  static constexpr int kLDBytes = 2 * kBr * 4;
-  static constexpr int kLD = kDQ + 2 * kDqWgBytes;
-  static constexpr int kBytes = kLD + 2 * 2 * kLDBytes;
+  static constexpr int kL = kDQ + 2 * kDqWgBytes;
+  static constexpr int kDsum = kL + kStages * kBr * 4;
+  static constexpr int kBytes = kDsum + kStages * kBr * 4;
   static constexpr int kDynamic = kBytes + 1024;  // slack to round the base up to 1024
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0 && kDSBytes % 1024 == 0,
                 "every swizzled tile starts on a 1024-byte boundary");
@@ -125,14 +118,13 @@ struct Cfg {
 
 // mbarriers (static shared memory), by index.
 constexpr int kBarKV = 0;              // K_j and V_j landed (1 arrival + bytes)
-constexpr int kFullQ = 1;              // [2] Q_i of a stage landed (and its ItemInfo written)
-constexpr int kFullDO = kFullQ + 2;    // [2] dO_i landed
+constexpr int kFullQ = 1;              // [2] Q_i and L_i of a stage landed
+constexpr int kFullDO = kFullQ + 2;    // [2] dO_i and D_i landed
 constexpr int kEmpty = kFullDO + 2;    // [2] both warpgroups done with a stage (8 warps)
 constexpr int kDqFull = kEmpty + 2;    // [2] warpgroup w's dQ part staged (128 threads)
 constexpr int kDqEmpty = kDqFull + 2;  // [2] the writer has read warpgroup w's part (1)
 constexpr int kNumBars = kDqEmpty + 2;
 constexpr int kBarDS = 1;  // named barrier: both consumers wrote their dS^T
-constexpr int kBarLD = 2;  // named barriers 2, 3: warpgroup w copied an item's L, D
 
 // What the kernel needs besides the tensor maps (by value, in the parameter space).
 struct KParams {
@@ -236,8 +228,9 @@ struct Walk {
 };
 
 // ---- the producer: warp 0, one elected thread ---------------------------------------------
-// K_j, V_j once; then per item, into stage x % 2 once both consumers released it: Q_i on
-// full_q, dO_i on full_do (L_i, D_i: the consumers load them). With no item at all it only
+// K_j, V_j once; then per item, into stage x % 2 once both consumers released it: Q_i with L_i
+// on full_q, dO_i with D_i on full_do. L and D are 1-D bulk copies of Br floats from the
+// padded pre-pass rows (always in bounds and 16-byte aligned). With no item at all it only
 // says so (has_items = 0, a plain arrive on bar_kv): the others wait for bar_kv first.
 template <int D, bool kExtras>
 __device__ __forceinline__ void producer(unsigned char* smem, const CUtensorMap* tm_q,
@@ -270,16 +263,18 @@ __device__ __forceinline__ void producer(unsigned char* smem, const CUtensorMap*
     mbar_wait(g_bars + kEmpty + st, (use & 1) ^ 1);  // the first pass is free (parity 1)
     g_items[x % kItemSlots] = ItemInfo{h, i0, walk.valid(p) ? 0 : 1, 0};
     uint64_t* fq = g_bars + kFullQ + st;
-    mbar_arrive_expect_tx(fq, C::kQBytes);
+    mbar_arrive_expect_tx(fq, C::kQBytes + kBr * 4);
 #pragma unroll
     for (int hf = 0; hf < D / 64; ++hf)
       tma_load_3d(smem + C::kQ + st * C::kQBytes + hf * kBr * kRowBytes, tm_q, fq, hf * 64, i0, bh);
+    bulk_load(smem + C::kL + st * kBr * 4, p.lse2 + size_t(bh) * p.m_pad + i0, kBr * 4, fq);
     uint64_t* fd = g_bars + kFullDO + st;
-    mbar_arrive_expect_tx(fd, C::kQBytes);
+    mbar_arrive_expect_tx(fd, C::kQBytes + kBr * 4);
 #pragma unroll
     for (int hf = 0; hf < D / 64; ++hf)
       tma_load_3d(smem + C::kDO + st * C::kQBytes + hf * kBr * kRowBytes, tm_do, fd, hf * 64, i0,
                   bh);
+    bulk_load(smem + C::kDsum + st * kBr * 4, p.dsum + size_t(bh) * p.m_pad + i0, kBr * 4, fd);
     if (!walk.valid(p)) break;
   }
 }
@@ -462,31 +457,9 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
   const uint32_t k_dq = base + C::kK + (D == 128 ? w : 0) * (kBc * kRowBytes);
   const uint32_t ds_half = (D == 128 ? 0 : w) * (kBc * kRowBytes);
   const int dq_row0 = D == 128 ? 0 : 64 * w, dq_col0 = D == 128 ? 64 * w : 0;
-  // This warpgroup's two L/D slots; item x uses slot x % 2 (its stage's number).
-  float* s_ld = reinterpret_cast<float*>(c.smem + C::kLD + w * 2 * C::kLDBytes);
+  const float* s_l = reinterpret_cast<const float*>(c.smem + C::kL);
+  const float* s_d = reinterpret_cast<const float*>(c.smem + C::kDsum);
   [[maybe_unused]] const uint32_t key16 = uint32_t(c.j0 + 64 * w + 16 * wp) / 16u;
-
-  // L_i, D_i of an item (plane bh, first row i0) into this warpgroup's slot: `fetch_ld` loads
-  // this thread's kBr / 64 of the 2 kBr floats (coalesced 4-byte loads; the padded workspace rows
-  // are always in bounds), issued before the S^T product that hides their latency; `put_ld`
-  // stores them and passes the warpgroup's named barrier, after which every thread of the
-  // warpgroup reads them (exp_p, then dS). Two slots: a thread writes slot x % 2 for item x only
-  // after the barrier of item x - 1, which every thread of the warpgroup reaches after its last
-  // read of item x - 2 (its dS, at the top of iteration x - 2). The workspace is read-only here
-  // (the pre-pass wrote it): __ldg.
-  float ld[kBr / 64];
-  auto fetch_ld = [&](int bh, int i0) {
-#pragma unroll
-    for (int k = 0; k < kBr / 64; ++k) {
-      const int idx = tid + kWGThreads * k;  // [L: kBr][D: kBr]
-      ld[k] = __ldg((idx < kBr ? p.lse2 : p.dsum) + size_t(bh) * p.m_pad + i0 + idx % kBr);
-    }
-  };
-  auto put_ld = [&](int slot) {
-#pragma unroll
-    for (int k = 0; k < kBr / 64; ++k) s_ld[slot * 2 * kBr + tid + kWGThreads * k] = ld[k];
-    bar_sync(kBarLD + w, kWGThreads);
-  };
 
   // dQ of item `item` (plane bh, first row i0) out of the dq registers.
   auto dq_out = [&](const float(&dq)[32], int item, int bh, int i0) {
@@ -547,7 +520,7 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
       const int key = c.j0 + row0 + 8 * r;
       lim[r] = key >= N ? INT_MAX : (p.causal ? key - (N - M) - i0 - 2 * t : INT_MIN);
     }
-    const float* lst = s_ld + st * 2 * kBr;
+    const float* lst = s_l + st * kBr;
 #pragma unroll
     for (int kk = 0; kk < kBr / 16; ++kk) {
 #pragma unroll
@@ -573,8 +546,7 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
   // up through straight-line code, which only the loop edge stops):
   //   top      wait dP^T_x; dS_x; issue dV, dK; dS^T to shared memory; barrier; issue dQ_x;
   //            wait dV, dK -> release the stage
-  //   next     load L, D of x + 1; issue S^T_{x+1}; [Z of x + 1]; wait dQ_x -> out (under
-  //            S^T_{x+1}); L, D of x + 1 -> shared memory, barrier of the warpgroup;
+  //   next     issue S^T_{x+1}; [Z of x + 1]; wait dQ_x -> out (under S^T_{x+1});
   //            wait S^T_{x+1}; issue dP^T_{x+1}; P^T_{x+1} (under dP^T_{x+1}) -> loop edge
   // After the last item the next S^T, dP^T and P^T are computed anyway on the stage just used
   // (nobody writes it any more) and dropped, so that issue, commit and wait are the same on
@@ -585,11 +557,9 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
     uint32_t pf[kBr / 16][4];
     mbar_wait(g_bars + kFullQ + 0, 0);
     ItemInfo item = g_items[0];  // (after the wait: written before the phase completed)
-    fetch_ld(c.b * p.heads + item.h, item.i0);
     issue_abt<T, D, kBr>(s, k_rows, base + C::kQ);
     wgmma_commit();
     if constexpr (kExtras) make_keep(item.h, item.i0);
-    put_ld(0);
     wgmma_wait<0>();
     reg_fence(s);
     mbar_wait(g_bars + kFullDO + 0, 0);
@@ -609,7 +579,7 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
       wgmma_wait<0>();
       reg_fence(dp);
       reg_fence(pf);
-      const float* dst = s_ld + st * 2 * kBr + kBr;
+      const float* dst = s_d + st * kBr;
       uint32_t sf[kBr / 16][4];
 #pragma unroll
       for (int kk = 0; kk < kBr / 16; ++kk) {
@@ -647,7 +617,7 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
       issue_dq<T>(dq, smem_u32(ds_buf) + ds_half, k_dq);
       wgmma_commit();
 
-      // dV, dK done: Q_i, dO_i are no longer needed.
+      // dV, dK done: Q_i, dO_i (and L_i, D_i, read above) are no longer needed.
       wgmma_wait<1>();
       reg_fence(dv);
       reg_fence(dk);
@@ -662,7 +632,6 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
       if (!last) {
         mbar_wait(g_bars + kFullQ + nst, npar);
         item = g_items[(x + 1) % kItemSlots];
-        fetch_ld(c.b * p.heads + item.h, item.i0);
       }
       issue_abt<T, D, kBr>(s, k_rows, base + C::kQ + nst * C::kQBytes);
       wgmma_commit();
@@ -672,7 +641,6 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
       wgmma_wait<1>();
       reg_fence(dq);
       dq_out(dq, x, c.b * p.heads + h, i0);
-      if (!last) put_ld(nst);  // (after the last item slot st still holds its L, D)
 
       // The next item's dP^T, and its P^T while dP^T runs.
       mbar_wait(g_bars + kFullDO + nst, npar);
