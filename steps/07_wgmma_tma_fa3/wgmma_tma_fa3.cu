@@ -64,6 +64,7 @@
 
 #include "dropout.hpp"
 #include "hopper.cuh"
+#include "tensor_map.hpp"
 #include "wgmma_tma_fa3.hpp"
 
 // ---- fault injection: a test of the self-test (off unless asked for) -----------------------
@@ -935,52 +936,6 @@ __global__ void __launch_bounds__(threads_of(kFlags, kConsumers), 1)
 }
 // ---- host side ---------------------------------------------------------------------------
 
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("step 07: ") + what + ": " + cudaGetErrorString(e));
-}
-
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
-                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
-                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// The driver's cuTensorMapEncodeTiled, found through the runtime (no -lcuda at link time).
-EncodeTiled encoder() {
-  static EncodeTiled fn = nullptr;
-  if (!fn) {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    cuda_ok(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                             &q),
-            "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)");
-    if (q != cudaDriverEntryPointSuccess || !f)
-      throw std::runtime_error("step 07: the driver has no cuTensorMapEncodeTiled");
-    fn = reinterpret_cast<EncodeTiled>(f);
-  }
-  return fn;
-}
-
-// A [planes, rows, dim] tensor of 16-bit elements as a 3-D map {dim, rows, planes} (innermost
-// first), boxes of 64 columns x box_rows rows x 1 plane, 128-byte swizzle, zero fill out of
-// bounds. A box never reaches into the next plane (head): rows past `rows` read as zeros.
-void encode(void* map, const void* base, bool is_bf16, int dim, int rows, int planes,
-            int box_rows) {
-  const cuuint64_t gdim[3] = {cuuint64_t(dim), cuuint64_t(rows), cuuint64_t(planes)};
-  const cuuint64_t gstride[2] = {cuuint64_t(dim) * 2, cuuint64_t(rows) * dim * 2};  // bytes
-  const cuuint32_t box[3] = {64, cuuint32_t(box_rows), 1};
-  const cuuint32_t estride[3] = {1, 1, 1};
-  const CUresult r =
-      encoder()(static_cast<CUtensorMap*>(map),
-                is_bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
-                const_cast<void*>(base), gdim, gstride, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw std::runtime_error("step 07: cuTensorMapEncodeTiled failed with CUresult " +
-                             std::to_string(int(r)));
-}
-
 KParams kernel_params(const FwdPlan& plan) {
   const FwdParams& f = plan.params;
   KParams k{};
@@ -1236,9 +1191,12 @@ FwdPlan make_plan(const FwdParams& f, Variant v) {
   plan.smem_bytes = e.smem;
   plan.br = e.br, plan.bc = kBc, plan.stages = e.stages, plan.consumers = e.consumers;
   const int n_mt = (f.seq_q + e.br - 1) / e.br;
-  encode(plan.tensor_maps[0], f.q, f.bf16, f.dim, f.seq_q, f.batch * f.heads, e.br);
-  encode(plan.tensor_maps[1], f.k, f.bf16, f.dim, f.seq_k, f.batch * f.heads_kv, kBc);
-  encode(plan.tensor_maps[2], f.v, f.bf16, f.dim, f.seq_k, f.batch * f.heads_kv, kBc);
+  const CUtensorMapDataType t16 =
+      f.bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  // Boxes of 64 columns (128 bytes) x the tile's rows.
+  encode_3d(plan.tensor_maps[0], f.q, t16, 2, f.dim, f.seq_q, f.batch * f.heads, 64, e.br);
+  encode_3d(plan.tensor_maps[1], f.k, t16, 2, f.dim, f.seq_k, f.batch * f.heads_kv, 64, kBc);
+  encode_3d(plan.tensor_maps[2], f.v, t16, 2, f.dim, f.seq_k, f.batch * f.heads_kv, 64, kBc);
   cuda_ok(cudaFuncSetAttribute(e.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem),
           "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   cudaFuncAttributes attr{};

@@ -72,6 +72,7 @@
 
 #include "dropout.hpp"
 #include "hopper.cuh"
+#include "tensor_map.hpp"
 #include "wgmma_tma_fa3.hpp"
 
 namespace ladder::fa3 {
@@ -788,54 +789,8 @@ __global__ void __launch_bounds__(256)
 
 // ---- host side ---------------------------------------------------------------------------------
 
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("step 07 backward: ") + what + ": " +
-                             cudaGetErrorString(e));
-}
-
 void require(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("step 07 backward: " + what);
-}
-
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
-                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
-                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// The driver's cuTensorMapEncodeTiled, found through the runtime (no -lcuda at link time).
-EncodeTiled encoder() {
-  static EncodeTiled fn = nullptr;
-  if (!fn) {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    cuda_ok(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                             &q),
-            "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)");
-    if (q != cudaDriverEntryPointSuccess || !f)
-      throw std::runtime_error("step 07 backward: the driver has no cuTensorMapEncodeTiled");
-    fn = reinterpret_cast<EncodeTiled>(f);
-  }
-  return fn;
-}
-
-// A [planes, rows, dim] tensor as a 3-D map {dim, rows, planes} (innermost first), boxes of
-// box_cols x box_rows x 1 (box_cols x element size = 128 bytes), 128-byte swizzle; loads past
-// `rows` read zeros, stores and reduce-adds past it are dropped. A box never crosses a plane.
-void encode(void* map, const void* base, CUtensorMapDataType type, int elem_bytes, int dim,
-            int rows, int planes, int box_cols, int box_rows) {
-  const cuuint64_t gdim[3] = {cuuint64_t(dim), cuuint64_t(rows), cuuint64_t(planes)};
-  const cuuint64_t gstride[2] = {cuuint64_t(dim) * elem_bytes,
-                                 cuuint64_t(rows) * dim * elem_bytes};  // bytes
-  const cuuint32_t box[3] = {cuuint32_t(box_cols), cuuint32_t(box_rows), 1};
-  const cuuint32_t estride[3] = {1, 1, 1};
-  const CUresult r =
-      encoder()(static_cast<CUtensorMap*>(map), type, 3, const_cast<void*>(base), gdim, gstride,
-                box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw std::runtime_error("step 07 backward: cuTensorMapEncodeTiled failed with CUresult " +
-                             std::to_string(int(r)));
 }
 
 int rows_padded(int seq_q) {
@@ -1040,12 +995,12 @@ BwdPlan make_bwd_plan(const BwdParams& f, BwdVariant v) {
   const CUtensorMapDataType t16 =
       f.bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const int bh = f.batch * f.heads, bhk = f.batch * f.heads_kv;
-  encode(plan.tensor_maps[0], f.q, t16, 2, f.dim, f.seq_q, bh, 64, e.br);
-  encode(plan.tensor_maps[1], f.k, t16, 2, f.dim, f.seq_k, bhk, 64, kBc);
-  encode(plan.tensor_maps[2], f.v, t16, 2, f.dim, f.seq_k, bhk, 64, kBc);
-  encode(plan.tensor_maps[3], f.dout, t16, 2, f.dim, f.seq_q, bh, 64, e.br);
-  encode(plan.tensor_maps[4], f.dq_acc, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, f.dim, f.seq_q, bh, 32,
-         64);
+  encode_3d(plan.tensor_maps[0], f.q, t16, 2, f.dim, f.seq_q, bh, 64, e.br);
+  encode_3d(plan.tensor_maps[1], f.k, t16, 2, f.dim, f.seq_k, bhk, 64, kBc);
+  encode_3d(plan.tensor_maps[2], f.v, t16, 2, f.dim, f.seq_k, bhk, 64, kBc);
+  encode_3d(plan.tensor_maps[3], f.dout, t16, 2, f.dim, f.seq_q, bh, 64, e.br);
+  encode_3d(plan.tensor_maps[4], f.dq_acc, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, f.dim, f.seq_q, bh,
+            32, 64);
   cuda_ok(cudaFuncSetAttribute(e.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem),
           "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   cudaFuncAttributes attr{};
