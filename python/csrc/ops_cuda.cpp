@@ -32,17 +32,6 @@ std::vector<RungKernels>& registry() {
   return r;
 }
 
-const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::f32:
-      return "fp32";
-    case DType::f16:
-      return "fp16";
-    case DType::bf16:
-      return "bf16";
-  }
-  return "?";
-}
 }  // namespace
 
 void register_kernels(const RungKernels& k) {
@@ -58,8 +47,9 @@ const RungKernels* find_kernels(int rung, DType dtype, int dim) {
 std::string built_kernels() {
   std::map<int, std::map<std::string, std::vector<int>>> by_rung;  // sorted: stable text
   for (const RungKernels& k : registry())
-    by_rung[k.rung][std::string(dtype_name(k.dtype)) + (k.backward ? "" : " (forward only)")]
-        .push_back(k.dim);
+    by_rung[k.rung]
+           [std::string(ladder::dtype_name(k.dtype)) + (k.backward ? "" : " (forward only)")]
+               .push_back(k.dim);
   std::ostringstream s;
   for (auto& [rung, dtypes] : by_rung) {
     if (s.tellp() > 0) s << "\n";

@@ -10,9 +10,12 @@
 #include <initializer_list>
 #include <string>
 
+#include "dtype.hpp"
+
 namespace ladder_torch {
 
-enum class DType { f32, f16, bf16 };
+// The ladder's element types (common/dtype.hpp): a rung registers f32, f16 or bf16.
+using DType = ladder::DType;
 
 // One forward call. Pointers are to contiguous tensors in the contract's layout:
 // q, o [B, H, M, d]; k, v [B, Hkv, N, d]; lse, lse_lo [B, H, M] fp32.
