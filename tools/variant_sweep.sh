@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The variant and tile sweeps behind the notes' tables (run on the GPU machine):
+# The sweeps behind the notes' tables (run on the GPU machine):
 #   tools/variant_sweep.sh BUILD_DIR
-# Step 05: Br (--tile-q) at seq 4096, and the FA1 vs FA2 loop order. Step 06: every variant
-# (each technique switched off in turn). Flash-attention shapes: batch*seq = 16384, heads*d = 2048.
-# Every run is checked against the oracle (sampled rows) before its time is printed.
+# Step 05's Br (--tile-q) at seq 4096, then every variant of steps 05-07 as their descriptors
+# list them (ladder bench --variants all: 05's FA1 loop order, 06's path up and ablations, 07's
+# ladder), causal 0 and 1. Flash-attention shapes: batch*seq = 16384, heads*d = 2048. Every run
+# is checked against the oracle (sampled rows) before its time is printed.
 set -uo pipefail
 bin=${1:-build}/steps
 run() {  # prints "label  ms  TFLOP/s" or the failure
@@ -25,21 +26,6 @@ for d in 64 128; do
     run "05 d=$d Br=$br" "$bin/05_shared_memory_fa2" $(shape $d) --tile-q $br
   done
 done
-echo "## step 05: loop order, seq 4096, fp32"
-for d in 64 128; do
-  for c in "" --causal; do
-    for v in fa2 fa1; do
-      # shellcheck disable=SC2046
-      run "05 d=$d ${c:-non-causal} $v" "$bin/05_shared_memory_fa2" $(shape $d) $c --variant $v
-    done
-  done
-done
-echo "## step 06: variants, seq 4096, bf16"
-for d in 64 128; do
-  for c in "" --causal; do
-    for v in full no-swizzle no-cp-async no-ldmatrix p-via-smem direct-store baseline; do
-      # shellcheck disable=SC2046
-      run "06 d=$d ${c:-non-causal} $v" "$bin/06_tensor_core_fa2" $(shape $d) $c --variant $v
-    done
-  done
-done
+echo "## steps 05-07: every variant, seq 4096 (ladder bench --variants all)"
+"${1:-build}/ladder" bench --preset flash --steps 5,6,7 --variants all --seqlens 4096 \
+  --causal 0,1 --directions fwd
