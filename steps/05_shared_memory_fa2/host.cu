@@ -1,6 +1,7 @@
-// Step 05's host side: the descriptor (what it supports), the tile choice (the FlashAttention
-// block-size rule) and the launches. The algorithm is shared_memory_fa2.cuh (forward) and
-// shared_memory_fa2_backward.cuh (backward).
+// Step 05's host side: the descriptor (what it supports), the variants, the tile choice (the
+// FlashAttention block-size rule) and the launches. The algorithm is row_per_thread.cuh (the
+// first kernel to read), shared_memory_fa2.cuh (forward) and shared_memory_fa2_backward.cuh
+// (backward).
 #include <algorithm>
 #include <iostream>
 #include <optional>
@@ -16,6 +17,41 @@ namespace ladder {
 namespace {
 
 using namespace step05;
+
+// The variants. The default is the full FA2 kernel. Then the learner's path up to it, each
+// row the previous one plus one idea ("+" reads "the previous row plus"): the row-per-thread
+// kernel (row_per_thread.cuh), then the micro-tiled kernel of shared_memory_fa2.cuh without
+// its pads and with one load in flight per thread, then with the pads; adding the loads in
+// flight gives 'fa2' itself. Last, the FA1 loop order. Only 'fa2' has dropout and block masks;
+// every variant's backward is the one FA2 backward (the forward only leaves O and LSE).
+enum class Fwd { fa2, row, micro_tiles, padding, fa1 };
+struct FwdVariant {
+  const char* name;
+  Fwd kind;
+  const char* summary;
+};
+const FwdVariant kVariants[] = {
+    {"fa2", Fwd::fa2,
+     "FlashAttention-2 order: a block per Q tile, K/V tiles inner; O_i, m_i, l_i on chip; "
+     "'+padding' plus 4 loads in flight per thread"},
+    {"row", Fwd::row,
+     "the first kernel (row_per_thread.cuh): one thread per query row, Br = 64, K_j and V_j "
+     "tiles of Bc = 32 keys staged in shared memory by the whole block, q and o in registers"},
+    {"+micro-tiles", Fwd::micro_tiles,
+     "+ 8 x 4 micro-tiles of S per thread (16 threads per row, half-warp shuffles for the row "
+     "max and sum), 16-byte shared reads, P through shared memory; unpadded rows, one load in "
+     "flight per thread"},
+    {"+padding", Fwd::padding,
+     "+ rows of Q_i, K_j (4 floats) and P_ij (16) padded: no bank conflicts"},
+    {"fa1", Fwd::fa1,
+     "FlashAttention-1 order: a block per head, K/V tiles outer, Q tiles inner; O_i, m_i, l_i "
+     "read and written in HBM for every K/V tile"},
+};
+Fwd kind_of(const RunOptions& opt) {
+  for (const FwdVariant& v : kVariants)
+    if (opt.variant == v.name) return v.kind;
+  return Fwd::fa2;
+}
 
 // Br cap for the forward's default (the rule gives 32, 64, 96, 112 for d = 32, 64, 96, 128 on
 // an H100). The H100 sweep (notes/05) measured Br = 64 and 128 equal at d = 64 and 128, and
@@ -66,7 +102,20 @@ Rule flash_rule(const DeviceInfo& dev, int64_t d) {
 // rule's, rounded down to the thread layout's step of 16 and capped at kBrCap, unless --tile-q
 // asks for another. Runs before anything is allocated.
 Tiles choose_tiles(const Problem& p, const RunOptions& opt, const DeviceInfo& dev) {
-  const bool fa1 = opt.variant == "fa1";
+  const Fwd kind = kind_of(opt);
+  const bool fa1 = kind == Fwd::fa1, pad = kind != Fwd::micro_tiles;
+  if (kind == Fwd::row) {  // compiled tiles
+    if ((opt.tile_q != 0 && opt.tile_q != kRowBr) || (opt.tile_k != 0 && opt.tile_k != kRowBc))
+      throw BadInput(
+          "variant 'row' of step 05_shared_memory_fa2 runs Br x Bc = " + std::to_string(kRowBr) +
+          " x " + std::to_string(kRowBc) + " (compiled): --tile-q " + std::to_string(kRowBr) +
+          " and --tile-k " + std::to_string(kRowBc) + " only");
+    if (p.backward && dev.smem_per_block != 0 && bwd_smem_bytes_for(p.dim) > dev.smem_per_block)
+      throw BadInput("step 05_shared_memory_fa2: the backward at d = " + std::to_string(p.dim) +
+                     " needs " + kb(bwd_smem_bytes_for(p.dim)) +
+                     " of shared memory per block; this device allows " + kb(dev.smem_per_block));
+    return Tiles{kRowBr, kRowBc};
+  }
   if (opt.tile_k != 0 && opt.tile_k != kBc)
     throw BadInput("step 05_shared_memory_fa2: --tile-k must be " + std::to_string(kBc) +
                    " (Bc is compiled into the thread layout: 16 threads x 4 keys), got " +
@@ -81,9 +130,10 @@ Tiles choose_tiles(const Problem& p, const RunOptions& opt, const DeviceInfo& de
   int br = opt.tile_q;
   if (br == 0) {
     br = std::max(kBrStep, int(std::min<int64_t>(rule.br, kBrCap)) / kBrStep * kBrStep);
-    while (br > kBrStep && fwd_smem_bytes(int(p.dim), br, fa1) > dev.smem_per_block) br -= kBrStep;
+    while (br > kBrStep && fwd_smem_bytes(int(p.dim), br, fa1, pad) > dev.smem_per_block)
+      br -= kBrStep;
   }
-  const size_t smem = fwd_smem_bytes(int(p.dim), br, fa1);
+  const size_t smem = fwd_smem_bytes(int(p.dim), br, fa1, pad);
   if (smem > dev.smem_per_block)
     throw BadInput("step 05_shared_memory_fa2: Br = " + std::to_string(br) +
                    " at d = " + std::to_string(p.dim) + " needs " + kb(smem) +
@@ -97,15 +147,10 @@ Tiles choose_tiles(const Problem& p, const RunOptions& opt, const DeviceInfo& de
 }
 
 // The descriptor's tiles(): the rule above, and the features' limits (exit 2). Dropout and
-// block masks are built into the FA2 kernels only (the fa1 variant shows a loop order, not
-// them), and the backward's Br = Bc = 64 must divide the mask block too, which the runner
-// checks only against the forward's tiles.
+// block masks are built into the default variant only (the runner refuses the others, from
+// their Variant flags), and the backward's Br = Bc = 64 must divide the mask block too, which
+// the runner checks only against the forward's tiles.
 Tiles tiles_and_features(const Problem& p, const RunOptions& opt, const DeviceInfo& dev) {
-  const bool features = p.dropout > 0 || p.sparsity.active();
-  if (features && opt.variant == "fa1")
-    throw BadInput(
-        "variant 'fa1' of step 05_shared_memory_fa2 has no dropout or block-sparse "
-        "masks; the default variant 'fa2' has them");
   if (p.backward && p.sparsity.active() &&
       (p.sparsity.block_q % kBrBwd != 0 || p.sparsity.block_k % kBc != 0))
     throw BadInput("step 05_shared_memory_fa2's backward runs Br x Bc = " + std::to_string(kBrBwd) +
@@ -154,7 +199,8 @@ unsigned blocks_for(int64_t n, int threads) {
 }
 
 RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions& opt) {
-  const bool fa1 = opt.variant == "fa1";
+  const Fwd kind = kind_of(opt);
+  const bool fa1 = kind == Fwd::fa1, pad = kind != Fwd::micro_tiles;
   const int br = opt.tile_q;  // the descriptor's choice (choose_tiles)
   const int64_t rows = p.rows(), d = p.dim;
   const float scale = float(p.softmax_scale());
@@ -180,8 +226,10 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
     fp.mask_block_q = int(m.block_q), fp.mask_block_k = int(m.block_k);
   }
   fp.dropout_p = p.dropout, fp.dropout_seed = p.dropout_seed;
-  const int fwd_threads = kTX * br / kTM;
-  const size_t fwd_smem = fwd_smem_bytes(int(d), br, fa1);
+  const int fwd_threads = kind == Fwd::row ? kRowBr : kTX * br / kTM;
+  const size_t fwd_smem =  // the row kernel's is static: 2 x 32 x d floats
+      kind == Fwd::row ? 2 * kRowBc * size_t(d) * sizeof(float)
+                       : fwd_smem_bytes(int(d), br, fa1, pad);
   const dim3 fa1_grid(unsigned(p.heads), unsigned(p.batch));
 
   with_dim(d, [&](auto dim) {
@@ -200,15 +248,28 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
                                                        lse_lo.get(), rows);
         CUDA_CHECK_LAUNCH();
       } else {
-        launch_forward<D>(fp, 0);
+        switch (kind) {
+          case Fwd::row:
+            launch_row_forward<D>(fp, 0);
+            break;
+          case Fwd::micro_tiles:
+            launch_forward_as<D, false, false, false, 1>(fp, 0);
+            break;
+          case Fwd::padding:
+            launch_forward_as<D, false, false, true, 1>(fp, 0);
+            break;
+          default:
+            launch_forward<D>(fp, 0);  // fa2, with dropout and block masks
+        }
         CUDA_CHECK_LAUNCH();
       }
     });
   });
   g.result.workspace_bytes = buffer_bytes(p, opt) + (kv_lists ? kv_lists->bytes() : 0.0);
-  g.result.config = std::string(fa1 ? "fa1" : "fa2") + ": Br=" + std::to_string(br) +
-                    " Bc=" + std::to_string(kBc) + " threads=" + std::to_string(fwd_threads) +
-                    " smem=" + kb(fwd_smem);
+  g.result.config = (opt.variant.empty() ? std::string("fa2") : opt.variant) +
+                    ": Br=" + std::to_string(br) +
+                    " Bc=" + std::to_string(kind == Fwd::row ? kRowBc : kBc) +
+                    " threads=" + std::to_string(fwd_threads) + " smem=" + kb(fwd_smem);
   if (opt.verbose) {
     DeviceInfo dev = require_device();
     const Rule r = flash_rule(dev, d);
@@ -259,7 +320,8 @@ const Step& step_05() {
     s.name = "05_shared_memory_fa2";
     s.summary =
         "FlashAttention-2 tiling in fp32: a block per Q tile, K/V tiles in shared memory, "
-        "register micro-tiles, deferred rescale, LSE; FA1 loop order as a variant; FA2 backward";
+        "register micro-tiles, deferred rescale, LSE; the path from one thread per row and the "
+        "FA1 loop order as variants; FA2 backward";
     s.adds = {"a block per Q tile, K/V tiles staged in shared memory (FA2 loop order)",
               "register micro-tiles of S and O per thread",
               "row max and sum by warp shuffles, one division by l at the end",
@@ -273,21 +335,20 @@ const Step& step_05() {
     s.caps.dtypes = {DType::f32};
     s.caps.head_dims = {32, 64, 96, 128};
     s.caps.causal = true, s.caps.gqa = true, s.caps.backward = true;
-    // Dropout and block masks: the fa2 variant (tiles_and_features refuses fa1 with them).
+    // Dropout and block masks: the fa2 variant (the runner refuses the others with them).
     s.caps.dropout = true, s.caps.block_sparse = true;
     s.caps.max_batch = s.caps.max_heads = 65535;  // grid.z and grid.y
     s.caps.max_seq = int64_t(1) << 30;            // 32-bit row indices
     s.caps.limits = "forward Bc = 64 (compiled), Br from the FlashAttention rule capped at " +
                     std::to_string(kBrCap) +
-                    "; --tile-q a multiple of 16 in [16, 128], --tile-k 64 only; backward Br = Bc "
-                    "= 64; dropout and block-sparse masks in the 'fa2' variant only, mask blocks "
-                    "multiples of the tiles";
-    s.variants = {{"fa2",
-                   "FlashAttention-2 order: a block per Q tile, K/V tiles inner; O_i, m_i, l_i on "
-                   "chip"},
-                  {"fa1",
-                   "FlashAttention-1 order: a block per head, K/V tiles outer, Q tiles inner; O_i, "
-                   "m_i, l_i read and written in HBM for every K/V tile"}};
+                    "; --tile-q a multiple of 16 in [16, 128], --tile-k 64 only ('row': 64 x 32 "
+                    "compiled); backward Br = Bc = 64; dropout and block-sparse masks in the "
+                    "'fa2' variant only, mask blocks multiples of the tiles";
+    for (const FwdVariant& v : kVariants) {
+      Variant x{v.name, v.summary};
+      x.dropout = x.block_sparse = v.kind == Fwd::fa2;
+      s.variants.push_back(x);
+    }
     s.tiles = tiles_and_features;
     s.workspace = workspace_bytes;
     s.run = run;

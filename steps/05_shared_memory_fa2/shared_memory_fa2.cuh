@@ -9,8 +9,10 @@
 // Where it sits: step 04 gave each query row its own thread and streamed every K and V row
 // from HBM (through L1/L2) for every query row. Here a block of threads shares the work of
 // Br query rows, so each K/V row fetched from HBM serves Br rows: FlashAttention-2's tiling
-// (Dao, 2023), in plain fp32 FMAs. In the papers' names, with Tr = ceil(M / Br) Q tiles and
-// Tc = ceil(N / Bc) K/V tiles:
+// (Dao, 2023), in plain fp32 FMAs. row_per_thread.cuh is its first, simplest form (one thread
+// per query row, the `row` variant); this file is where the step's variants take it, one idea
+// at a time (host.cu lists them; the note measures each). In the papers' names, with Tr = ceil(M /
+// Br) Q tiles and Tc = ceil(N / Bc) K/V tiles:
 //   forward (this file), one block per (Q tile i, head, batch):
 //     Q_i -> shared memory; m_i = -inf, l_i = 0, O_i = 0 in registers
 //     for j < Tc (only the tiles some row of Q_i can see):
@@ -64,6 +66,7 @@
 #include <type_traits>
 
 #include "dropout.hpp"
+#include "row_per_thread.cuh"
 
 namespace ladder::step05 {
 
@@ -82,13 +85,14 @@ constexpr unsigned kFull = 0xffffffffu;
 // padded by 16: the two row groups of a warp (rows R and R+1) then sit 16 banks apart, and
 // their scalar writes and 16-byte reads never collide. V_j rows are read whole and in order by
 // 16 lanes (the other half warp reads the same addresses: a broadcast), so they need no pad in
-// the forward; the backward reads V_j like K_j and pads it the same way.
-template <int D>
+// the forward; the backward reads V_j like K_j and pads it the same way. kPad = false (the
+// '+micro-tiles' variant only) leaves every row unpadded, to measure what the pads buy.
+template <int D, bool kPad = true>
 struct Layout {
   static_assert(D % 32 == 0, "d must be a multiple of 32");
-  static constexpr int kLd = D + 4;      // Q_i, K_j (and, in the backward, dO_i, V_j)
-  static constexpr int kLdP = kBc + 16;  // P_ij, dS_ij
-  static constexpr int kCols = D / 16;   // O_i columns per thread
+  static constexpr int kLd = D + (kPad ? 4 : 0);      // Q_i, K_j (and, in the backward, dO_i, V_j)
+  static constexpr int kLdP = kBc + (kPad ? 16 : 0);  // P_ij, dS_ij
+  static constexpr int kCols = D / 16;                // O_i columns per thread
 };
 
 __device__ __forceinline__ float4 ld4(const float* p) {
@@ -124,11 +128,12 @@ struct TileCopy {
 // All threads copy kCopies tiles of the same shape together, 16 bytes per load (coalesced:
 // consecutive threads take consecutive float4s of a row). Each thread first issues kBatch
 // loads per tile, then stores them, so kCopies * kBatch loads are in flight at once instead
-// of one round trip to HBM per float4 (step 06 does this with cp.async instead).
-template <int D, int kCopies>
+// of one round trip to HBM per float4 (step 06 does this with cp.async instead). kBatch = 1
+// (the '+micro-tiles' and '+padding' variants): each load is stored before the next is issued.
+template <int D, int kCopies, int kBatch = 4>
 __device__ __forceinline__ void load_tiles(const TileCopy (&c)[kCopies], int rows, int tid,
                                            int nthreads) {
-  constexpr int kVec = D / 4, kBatch = 4;
+  constexpr int kVec = D / 4;
   const int total = rows * kVec;
   for (int base = tid; base < total; base += kBatch * nthreads) {
     float4 r[kCopies][kBatch];
@@ -156,10 +161,10 @@ __device__ __forceinline__ void load_tiles(const TileCopy (&c)[kCopies], int row
 // both Layout<D>::kLd-strided in shared memory. Each step over k reads one float4 of each of
 // the TM + kTN rows and does 4 * TM * kTN FMAs; every dot product is summed over k in order.
 // S_ij = Q_i K_j^T in the forward; S_ij and dP_ij = dO_i V_j^T in the backward.
-template <int D, int TM>
+template <int D, int TM, bool kPad = true>
 __device__ __forceinline__ void abt_tile(float (&acc)[TM][kTN], const float* A, int r0, int rstep,
                                          const float* B, int tx) {
-  constexpr int ld = Layout<D>::kLd;
+  constexpr int ld = Layout<D, kPad>::kLd;
   const float* a_rows = A + r0 * ld;
   const float* b_rows = B + tx * ld;
   // Not unrolled: one step is already 4 * TM * kTN independent FMAs. Unrolling by 4 lets ptxas
@@ -188,10 +193,10 @@ __device__ __forceinline__ void abt_tile(float (&acc)[TM][kTN], const float* A, 
 // columns 2*tx + 32*c (+1) of X (kBc rows, ldx-strided). Per 4 keys: TM float4s of P and
 // 4 * D/32 float2s of X for 4 * TM * D/16 FMAs; summed over the keys in order.
 // O_i += P_ij V_j in the forward; dQ_i += dS_ij K_j in the backward.
-template <int D, int TM>
+template <int D, int TM, bool kPad = true>
 __device__ __forceinline__ void pv_tile(float (&acc)[TM][D / 16], const float* P, int r0, int rstep,
                                         const float* X, int ldx, int tx) {
-  constexpr int ldp = Layout<D>::kLdP;
+  constexpr int ldp = Layout<D, kPad>::kLdP;
   const float* p_rows = P + r0 * ldp;
   const float* x_cols = X + 2 * tx;
 #pragma unroll 1  // as in abt_tile: registers, not instructions, limit the blocks per SM
@@ -214,20 +219,7 @@ __device__ __forceinline__ void pv_tile(float (&acc)[TM][D / 16], const float* P
   }
 }
 
-// What every forward kernel needs to know. Q, O: [B, H, M, D]; K, V: [B, Hkv, N, D];
-// LSE, LSE_lo: [B, H, M]. group = H / Hkv: query head h reads K/V head h / group. The kernels
-// without block mask or dropout take exactly this (as they always did).
-struct FwdArgs {
-  const float* __restrict__ q;
-  const float* __restrict__ k;
-  const float* __restrict__ v;
-  float* __restrict__ o;
-  float* __restrict__ lse;
-  float* __restrict__ lse_lo;  // for the backward: see store_lse
-  int batch, heads, heads_kv, group, seq_q, seq_k, Br;
-  float scale;
-  bool causal;
-};
+// FwdArgs (what every forward kernel needs to know) and store_lse are in row_per_thread.cuh.
 
 // What a caller fills in (launch_forward below): the arguments above and the features.
 // Zero-initialised (FwdParams fp{}), there is neither block mask nor dropout.
@@ -265,23 +257,6 @@ struct WithFeatures : Args {
 template <bool kDropout, bool kSparse>
 using FwdArgsFor = std::conditional_t<kDropout || kSparse, WithFeatures<FwdArgs>, FwdArgs>;
 
-// LSE_i = m_i + log l_i, stored as the float LSE (the output) plus the rounding residual
-// LSE_lo = (m_i + log l_i) - LSE (Fast2Sum: exact when |m_i| >= log l_i, the case where it
-// matters). The backward recomputes P_ij = exp(S_ij - LSE_i): at |LSE| ~ 300, rounding LSE to
-// float alone is an error of up to 1.5e-5 in every P_ij of the row, 100x float's rounding of
-// P_ij itself, and it shows in dV where softmax is nearly one-hot. No visible key (l = 0):
-// LSE = -inf, LSE_lo = 0.
-__device__ __forceinline__ void store_lse(float* lse, float* lse_lo, float m, float l) {
-  if (l > 0.f) {
-    const float log_l = logf(l), hi = m + log_l;
-    *lse = hi;
-    *lse_lo = log_l - (hi - m);
-  } else {
-    *lse = -INFINITY;
-    *lse_lo = 0.f;
-  }
-}
-
 // Scales this thread's scores and, on a tile that needs it, masks them: a key past the end of
 // the sequence, or (causal) past the row's last visible key i + N - M, gets S_ij = -inf.
 // __fmul_rn: scale * S rounded on its own, never fused with the later "- m" into an FMA, so the
@@ -304,10 +279,12 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[kTM][kTN], const FwdAr
 // Q_i stays in shared memory for the whole loop over K/V tiles j; m_i, l_i and the
 // unnormalised O_i stay in registers; O_i / l_i and LSE_i = m_i + log l_i are written once.
 // Shared memory: [Q_i: Br x kLd][K_j: Bc x kLd, reused for P_ij][V_j: Bc x D].
-template <int D, bool kDropout = false, bool kSparse = false>
+// kPad, kBatch: the padded rows (Layout) and the loads in flight (load_tiles); both on in the
+// default variant, off in the ones that measure them.
+template <int D, bool kDropout = false, bool kSparse = false, bool kPad = true, int kBatch = 4>
 __global__ void __launch_bounds__(kFwdMaxThreads)
     forward_kernel(const FwdArgsFor<kDropout, kSparse> p) {
-  using L = Layout<D>;
+  using L = Layout<D, kPad>;
   extern __shared__ float4 smem4[];
   const int Br = p.Br, TY = Br / kTM, tid = threadIdx.x, tx = tid % kTX, ty = tid / kTX;
   float* Qs = reinterpret_cast<float*>(smem4);
@@ -326,10 +303,21 @@ __global__ void __launch_bounds__(kFwdMaxThreads)
 
   // K/V tiles this Q tile needs: keys up to the last row's last visible key (all when not
   // causal). Tiles past it are fully masked for every row here and are never loaded.
+  int tc;
+  // EXERCISE BEGIN causal-tile-bound [medium]
+  // Concept: the causal tile bound: the last key tile a Q tile needs is decided by its last
+  // row, bottom-right aligned.
+  //
+  // Set tc, the number of K/V tiles (of kBc keys) this Q tile (rows i0 .. i0 + rows - 1) must
+  // visit: every tile that some row of the tile can see, none that no row can (those are never
+  // loaded). Causal is bottom-right aligned: key j is visible to query i iff
+  // j <= i + seq_k - seq_q. Which row of the tile sees the most keys? Without causal, all
+  // tiles. Traps: seq_q > seq_k (early rows see nothing) and the last, partial tile.
   const int n_vis = p.causal ? min(p.seq_k, max(0, i0 + rows + p.seq_k - p.seq_q)) : p.seq_k;
-  const int tc = (n_vis + kBc - 1) / kBc;
+  tc = (n_vis + kBc - 1) / kBc;
+  // EXERCISE END
 
-  load_tiles<D, 1>({TileCopy{Qs, p.q + q_off * D, L::kLd, rows}}, Br, tid, blockDim.x);
+  load_tiles<D, 1, kBatch>({TileCopy{Qs, p.q + q_off * D, L::kLd, rows}}, Br, tid, blockDim.x);
 
   float m[kTM], l[kTM], o[kTM][L::kCols];  // l: this thread's share of the row sum
 #pragma unroll
@@ -358,23 +346,28 @@ __global__ void __launch_bounds__(kFwdMaxThreads)
     }
     const int j0 = jt * kBc;
     __syncthreads();  // everyone is done with the last tile's P_ij (in K's buffer) and V_j
-    load_tiles<D, 2>({TileCopy{Ks, K + size_t(j0) * D, L::kLd, p.seq_k - j0},
-                      TileCopy{Vs, V + size_t(j0) * D, D, p.seq_k - j0}},
-                     kBc, tid, blockDim.x);
+    load_tiles<D, 2, kBatch>({TileCopy{Ks, K + size_t(j0) * D, L::kLd, p.seq_k - j0},
+                              TileCopy{Vs, V + size_t(j0) * D, D, p.seq_k - j0}},
+                             kBc, tid, blockDim.x);
     __syncthreads();  // K_j, V_j (and, the first time, Q_i) are in shared memory
 
     float s[kTM][kTN] = {};
-    abt_tile<D, kTM>(s, Qs, ty, TY, Ks, tx);  // S_ij = Q_i K_j^T
+    abt_tile<D, kTM, kPad>(s, Qs, ty, TY, Ks, tx);  // S_ij = Q_i K_j^T
     // Only a tile that straddles the diagonal (its last key is past the first row's last
     // visible key i0 + N - M) or the end of the sequence needs the mask.
     const bool mask = j0 + kBc > p.seq_k || (p.causal && j0 + kBc - 1 > i0 + p.seq_k - p.seq_q);
     scale_and_mask(s, p, mask, i0, j0, ty, TY, tx);
 
-    // EXERCISE BEGIN online-update
-    // For each of this thread's rows r: the tile's row max (over the 16 threads of the row),
-    // m_new = max(m_i, that); P_ij = exp(S_ij - m_new) in s; rescale l_i and O_i by
-    // exp(m_i - m_new) and add this thread's P_ij to l_i. A row with nothing visible yet has
-    // m_new = -inf: shift by 0 instead, so exp(-inf - 0) = 0 rather than exp(-inf + inf) = NaN.
+    // EXERCISE BEGIN online-update [hard]
+    // Concept: the online-softmax rescale across threads: a row max shared by the row's 16
+    // threads, each thread's share of l and its rows of O rescaled once per tile.
+    //
+    // For each of this thread's kTM rows r, s[r][0..kTN) holds its scores of this tile (-inf
+    // where masked). Afterwards s must hold the row's unnormalised weights for P V, and m[r],
+    // l[r], o[r][..] must describe all tiles so far relative to the new running max (l[r] is
+    // only this thread's share: the 16 shares are added once, at the end). row_max() combines
+    // the 16 threads of a row. Trap: a row that has seen only masked keys (m = -inf) must not
+    // produce exp(-inf - -inf).
 #pragma unroll
     for (int r = 0; r < kTM; ++r) {
       float mx = s[r][0];
@@ -418,8 +411,8 @@ __global__ void __launch_bounds__(kFwdMaxThreads)
           if (!((kept_bits >> (kTN * r + c)) & 1u)) pij = 0.f;
         Ps[(ty + TY * r) * L::kLdP + tx + kTX * c] = pij;
       }
-    __syncthreads();                            // P_ij is complete
-    pv_tile<D, kTM>(o, Ps, ty, TY, Vs, D, tx);  // O_i += P_ij V_j (unnormalised)
+    __syncthreads();                                  // P_ij is complete
+    pv_tile<D, kTM, kPad>(o, Ps, ty, TY, Vs, D, tx);  // O_i += P_ij V_j (unnormalised)
   }
 
   // Deferred normalisation: one division per row, by l_i and, with dropout, by 1 - p. l = 0
@@ -561,9 +554,10 @@ __global__ void fa1_lse_kernel(const float* __restrict__ m, const float* __restr
 // The launches (host code), for host.cu and for any other caller, e.g. a PyTorch extension.
 
 // Shared memory of a forward block in bytes: [Q_i | K_j or P_ij | V_j] for FA2, [Q_i or P_ij |
-// K_j | V_j] for FA1.
-constexpr size_t fwd_smem_bytes(int d, int br, bool fa1 = false) {
-  const int ld = d + 4, ldp = kBc + 16, q = br * ld, k = kBc * ld, p = br * ldp;
+// K_j | V_j] for FA1; pad: Layout's pads (off only in the '+micro-tiles' variant).
+constexpr size_t fwd_smem_bytes(int d, int br, bool fa1 = false, bool pad = true) {
+  const int ld = d + (pad ? 4 : 0), ldp = kBc + (pad ? 16 : 0), q = br * ld, k = kBc * ld,
+            p = br * ldp;
   const int floats = fa1 ? (q > p ? q : p) + k + kBc * d : q + (k > p ? k : p) + kBc * d;
   return size_t(floats) * sizeof(float);
 }
@@ -606,14 +600,14 @@ Features feature_args(const Params& p, bool lists_per_q, int br, int bc) {
   return f;
 }
 
-template <int D, bool kDropout, bool kSparse>
+template <int D, bool kDropout, bool kSparse, bool kPad = true, int kBatch = 4>
 void launch_forward_as(const FwdParams& p, cudaStream_t stream) {
   static std::atomic<uint64_t> done{0};  // devices this kernel may use all shared memory on
-  const auto kernel = forward_kernel<D, kDropout, kSparse>;
+  const auto kernel = forward_kernel<D, kDropout, kSparse, kPad, kBatch>;
   if (allow_device_smem(reinterpret_cast<const void*>(kernel), done) != cudaSuccess) return;
   const dim3 grid(unsigned((p.seq_q + p.Br - 1) / p.Br), unsigned(p.heads), unsigned(p.batch));
   const unsigned threads = unsigned(kTX * p.Br / kTM);
-  const size_t smem = fwd_smem_bytes(D, p.Br);
+  const size_t smem = fwd_smem_bytes(D, p.Br, false, kPad);
   if constexpr (kDropout || kSparse) {
     WithFeatures<FwdArgs> a{};
     static_cast<FwdArgs&>(a) = p;

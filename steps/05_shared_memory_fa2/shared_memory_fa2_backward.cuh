@@ -75,6 +75,14 @@ __global__ void __launch_bounds__(256)
                             int d) {
   const int64_t row0 = int64_t(blockIdx.x) * blockDim.x, row = row0 + threadIdx.x;
   if (row < rows) {
+    // EXERCISE BEGIN d-prepass [medium]
+    // Concept: the FA2 backward's pre-pass: D_i = sum_j P_ij dP_ij without P or dP, summed in
+    // the order that makes a one-key row cancel exactly.
+    //
+    // dsum[row] must be D_i = sum_j P_ij dP_ij for this row, but only dO and O are here (rows
+    // of d floats). Why do they suffice? Trap: where a row sees one key, P = 1 and O_i = V_j
+    // exactly, so dP_ij - D_i must come out exactly 0 (cases seq1, q200_k1_causal): sum in the
+    // order abt_tile sums dP_ij = dO_i . V_j (in k, one fmaf per term), not as a tree.
     float acc = 0.f;
     for (int c = 0; c < d; c += 4) {
       const float4 x = __ldg(reinterpret_cast<const float4*>(dout + row * d + c));
@@ -85,6 +93,7 @@ __global__ void __launch_bounds__(256)
       acc = fmaf(x.w, y.w, acc);
     }
     dsum[row] = acc;
+    // EXERCISE END
   }
   const int64_t mine = rows - row0 < blockDim.x ? rows - row0 : blockDim.x, n4 = mine * d / 4;
   float4* zero = reinterpret_cast<float4*>(dq_acc + row0 * d);
@@ -219,11 +228,16 @@ __global__ void __launch_bounds__(kBwdThreads)
           for (int c = 0; c < kTN; ++c)
             dp[r][c] = (kept_bits >> (4 * r + c)) & 1u ? dp[r][c] * p.f.drop_scale : 0.f;
       }
-      // EXERCISE BEGIN backward-ds
-      // For each element of this thread's micro-tile (row ty + 16r, key tx + 16c): P_ij from
-      // S_ij and the saved LSE + LSE_lo (Ls holds +inf for rows with none, so P = 0 there), 0 where
-      // the tile's mask hides the key; then dS_ij = P_ij (dP_ij - D_i). Store P_ij into Ps and
-      // dS_ij into dSs at [row * kLdP + key].
+      // EXERCISE BEGIN backward-ds [medium]
+      // Concept: P recomputed from the saved LSE instead of stored, and the softmax backward
+      // dS from P, dP and D.
+      //
+      // For this thread's 4 x kTN elements (row ty + 16r, key tx + 16c of the tile): write P_ij
+      // to Ps and dS_ij to dSs at [row * kLdP + key]. P is not stored anywhere: recompute it
+      // from s[r][c] (= Q_i . K_j, unscaled) and the saved row statistics Ls (LSE, +inf for a
+      // row with no visible key) and Lo (its rounding residual), rounding scale * S exactly as
+      // the forward did (scale_and_mask). dp[r][c] holds dP_ij (dropout already applied) and Ds
+      // the rows' D_i. A key the tile's causal mask or the sequence end hides has P = 0.
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int i = ty + kTX * r;
@@ -251,6 +265,15 @@ __global__ void __launch_bounds__(kBwdThreads)
 
       atb_tile<D>(dv, Ps, dOs, ty, tx);  // dV_j += P_ij^T dO_i
       atb_tile<D>(dk, dSs, Qs, ty, tx);  // dK_j += dS_ij^T Q_i
+      // EXERCISE BEGIN dq-accumulate [hard]
+      // Concept: dQ in the K/V-outer loop: every K/V block adds its dS_ij K_j to rows that
+      // other blocks also add to, so the sum goes through fp32 atomics.
+      //
+      // This block owns K_j, V_j; dQ_i needs dS_ij K_j from every key tile j, and the other
+      // key tiles are other blocks running at the same time. Add this tile's part of dQ_i (dSs
+      // is complete in shared memory, K_j is in Ks) to p.dq_acc (fp32, zeroed by the pre-pass;
+      // the post-pass multiplies by scale). This thread's elements: rows ty + 16r, columns
+      // 2tx + 32c (+1) (pv_tile's layout). Rows past `rows` do not exist.
       float dq[4][L::kCols] = {};
       pv_tile<D, 4>(dq, dSs, ty, kTX, Ks, L::kLd, tx);  // dQ_i (this tile's part) = dS_ij K_j
 #pragma unroll
@@ -264,6 +287,7 @@ __global__ void __launch_bounds__(kBwdThreads)
           atomicAdd(acc + 32 * c + 1, dq[r][2 * c + 1]);
         }
       }
+      // EXERCISE END
     }
   }
 
