@@ -30,7 +30,7 @@ ncu --clock-control none --target-processes all -k "regex:$kernel" --launch-skip
   --launch-count 1 "${args[@]}" -f -o "$dir/$name" "$@" >"$dir/$name.log" 2>&1 ||
   { tail -20 "$dir/$name.log"; exit 1; }
 ncu --import "$dir/$name.ncu-rep" --page details >"$dir/$name.txt"
-ncu --import "$dir/$name.ncu-rep" --page raw --print-metric-instances values \
+ncu --import "$dir/$name.ncu-rep" --page raw --print-metric-instances details \
   >"$dir/$name.raw.txt" 2>&1 ||
   ncu --import "$dir/$name.ncu-rep" --page raw >"$dir/$name.raw.txt"
 grep -E "^  [A-Za-z_].*\(|Duration|Issue Slots Busy|Executed Ipc Active|Registers Per Thread" \
