@@ -22,6 +22,8 @@
 
 #include <cstdint>
 
+#include "exercise.hpp"
+
 namespace ladder::step06 {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -147,19 +149,30 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // (8 elements). Shared memory has 32 banks of 4 bytes: 8 chunks of 16 bytes per 128-byte
 // wavefront. ldmatrix reads 8 rows at the same column chunk; with rows of 128 bytes or a
 // multiple (d >= 64) those 8 chunks all sit in the same 4 banks: an 8-way conflict.
-// The swizzle stores chunk c of row r at chunk c ^ f(r), so the 8 rows of any 8-row group
-// (rows 8q..8q+7) fall in 8 different bank groups:
-//   rows of 8k chunks (d = 64, 128, 256; Bc = 64, 128):  f(r) = r mod 8
-//   rows of 8k+4 chunks (d = 32, 96):  consecutive rows already alternate between the two
-//   halves of a wavefront, so f(r) = (r / 2) mod 4 permutes within a half.
-// The XOR only touches the low 3 (or 2) bits, so a chunk never leaves its row.
+// The swizzle stores chunk c of row r at chunk c ^ chunk_xor(r), so that the 8 rows of any
+// 8-row group (rows 8q..8q+7) fall in 8 different bank groups, and a chunk never leaves its
+// row. Rows of 8k chunks (d = 64, 128, 256; Bc = 64, 128) and of 8k + 4 chunks (d = 32, 96)
+// need different XORs.
 template <int kCols, bool kSwizzle>
 struct SmemLayout {
   static constexpr int kChunks = kCols / 8;
   static_assert(kCols % 8 == 0 && kChunks % 4 == 0, "rows must be a multiple of 4 chunks");
   __device__ __forceinline__ static int chunk_xor(int row) {
     if constexpr (!kSwizzle) return 0;
+    // EXERCISE BEGIN swizzle [hard]
+    // Concept: the XOR swizzle: a bijection on a row's 16-byte chunks that puts the 8 rows an
+    // ldmatrix phase reads in 8 different bank groups.
+    //
+    // Return the XOR applied to the chunk index of row `row` (rows of kChunks 16-byte chunks,
+    // kChunks a multiple of 4). An ldmatrix phase reads one chunk from each of 8 consecutive
+    // rows; a 128-byte wavefront holds 8 chunks. Without the XOR, rows of 128 bytes or a
+    // multiple put the same column chunk of all 8 rows in the same 4 banks. The XOR must keep
+    // the chunk inside its row (result < kChunks) and spread the 8 rows over 8 bank groups.
+    // Trap: rows of 8k + 4 chunks already alternate halves of a wavefront: what is left to
+    // spread? The grade catches only a chunk that leaves its row: a conflicted XOR passes it
+    // and shows in ncu's bank conflicts instead (notes/06_tensor_core_fa2.md, Exercise 3).
     return kChunks % 8 == 0 ? (row & 7) : ((row >> 1) & 3);
+    // EXERCISE END
   }
   // Element offset of (row, col).
   __device__ __forceinline__ static int at(int row, int col) {

@@ -217,8 +217,19 @@ __device__ __forceinline__ uint32_t ld_b16(const T* p) {
 template <class L, bool kLdsm, class T>
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* tile, int r0, int c0, int lane) {
   if constexpr (kLdsm) {
-    // matrices: rows r0..+7 | r0+8..+15, then the same at c0 + 8; lane -> row lane % 16
+    // EXERCISE BEGIN ldmatrix-map [hard]
+    // Concept: ldmatrix's lane-to-row-address map: which lane supplies which row of which 8 x 8
+    // matrix, so that the four registers come out in the mma A-fragment order.
+    //
+    // One ldmatrix.x4 reads four 8 x 8 matrices of 16-bit elements: lanes 8q .. 8q + 7 give
+    // the row addresses of matrix q, and register q of every lane receives matrix q in the
+    // fragment layout (mma.cuh). For the 16 x 16 A block at (r0, c0), a[0..3] must be the
+    // m16n8k16 A fragment: a[0] rows r0..r0+7, columns c0..c0+7; a[1] the 8 rows below it;
+    // a[2] the 8 columns right of it; a[3] both. Give ldmatrix_x4 this lane's row address,
+    // through L::at (the swizzle). Trap: the address a lane gives is not the element it
+    // receives.
     ldmatrix_x4(a, tile + L::at(r0 + (lane & 15), c0 + (lane >> 4) * 8));
+    // EXERCISE END
   } else {
     const int g = lane >> 2, t = lane & 3;
     a[0] = ld_b32(tile + L::at(r0 + g, c0 + 2 * t));
@@ -257,8 +268,17 @@ template <class L, bool kLdsm, class T>
 __device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const T* tile, int k0, int n0,
                                           int lane) {
   if constexpr (kLdsm) {
-    // matrices: (k0, n0) (k0+8, n0) (k0, n0+8) (k0+8, n0+8), each transposed on the way
+    // EXERCISE BEGIN ldmatrix-trans-map [easy]
+    // Concept: ldmatrix.trans: a [k][n] tile (V) delivered as B fragments without a transpose
+    // in memory, its matrices in the order mma.sync reads b[0], b[1] of two n8 tiles.
+    //
+    // b[0], b[1] must be the B fragment of the n8 tile at n0 over k = k0..k0+15, b[2], b[3]
+    // that of n0 + 8. Rows of this tile are k, and .trans hands each lane a column of its
+    // 8 x 8 matrix (mma.cuh). As in load_a, lanes 8q .. 8q + 7 address the rows of matrix q,
+    // which lands in b[q]. Give ldmatrix_x4_trans this lane's row address, through L::at.
+    // Trap: b[0] and b[1] are one n8 tile's two halves of k, not two n8 tiles.
     ldmatrix_x4_trans(b, tile + L::at(k0 + (lane & 15), n0 + (lane >> 4) * 8));
+    // EXERCISE END
   } else {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -532,8 +552,8 @@ __global__ void __launch_bounds__(FwdConfig<T, D, kFlags>::kThreads)
           }
         }
 
-      // O_i += P V_j. The C fragment of S tiles 2kk and 2kk + 1 (rows g, g + 8; columns
-      // 2t, 2t + 1 of each) is, packed to 16 bits, the A fragment of P's k16 step kk.
+      // O_i += P V_j, with P as the A operand: from the S registers (p-fragment, below), or
+      // through shared memory.
       if constexpr (!C::kPRegs) {  // p-via-smem: the round trip the register reuse avoids
 #pragma unroll
         for (int mi = 0; mi < kS; ++mi)
@@ -558,12 +578,16 @@ __global__ void __launch_bounds__(FwdConfig<T, D, kFlags>::kThreads)
                          dropout::philox(key16 * 32u + lane, q16 + mi, h, b, p.seed_lo, p.seed_hi),
                          p.drop_thresh);
             }
-            // EXERCISE BEGIN p-fragment
-            // Fill a[mi][0..3], the A fragment of P for keys 16kk..16kk+15 of slice mi, from
-            // this lane's S registers s[mi][nj][0..3] (C layout: [0], [1] = row g, columns
-            // 2t, 2t+1 of n8 tile nj; [2], [3] = row g+8). A layout: a[0] = row g, columns
-            // 2t, 2t+1; a[1] = row g+8, same columns; a[2], a[3] = the same 8 columns on.
-            // Pack each pair with pack2<T>(lower column, higher column).
+            // EXERCISE BEGIN p-fragment [hard]
+            // Concept: P stays in registers: the mma C fragment of S, rounded to 16 bits, is
+            // the A fragment of P V.
+            //
+            // Fill a[mi][0..3], the A fragment of P for keys 16kk .. 16kk + 15 of slice mi, from
+            // this lane's S accumulators s[mi][nj][0..3] (n8 tiles nj of the C layout), packing
+            // pairs with pack2<T>(lower column, higher column). Write down which (row, column)
+            // of its 16 x 8 C tile each s[mi][nj][k] holds for lane (g = lane / 4, t = lane % 4),
+            // then which (row, column) each a[k] of the m16n8k16 A fragment must hold (mma.cuh):
+            // no shuffle is needed.
             a[mi][0] = pack2<T>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
             a[mi][1] = pack2<T>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
             a[mi][2] = pack2<T>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);

@@ -7,7 +7,7 @@
 //             owns keys 16w..16w+15 of K_j, V_j and their dK_j, dV_j (fp32 registers).
 //             For every query head of the GQA group, for every Q tile i that sees K_j:
 //               S^T  = K_j Q_i^T                      [Bc x Br], a warp's 16 rows in registers
-//               P^T  = exp2(S^T * scale*log2e - L_i)  (P recomputed from the saved LSE)
+//               P^T  from S^T and L_i                 (recomputed: only LSE was saved, not P)
 //               dP^T = V_j dO_i^T
 //               dS^T = P^T o (dP^T - D_i)
 //               dV_j += P^T dO_i,  dK_j += dS^T Q_i   (A operands straight from registers)
@@ -363,10 +363,19 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
         }
       }
     }
-    // A lane holds 2 adjacent floats of a row per n8 tile. One exchange with the lane next
-    // to it (t ^ 1) gives each lane 4 adjacent floats (even t: tile nt, odd t: tile nt + 1),
-    // so every 16-byte piece goes out as one red.global.add.v4.f32 (sm_90): half the atomic
+    // Then to dQ_acc by fp32 atomics of 16 bytes, red.global.add.v4.f32 (sm_90): half the atomic
     // instructions of float2, which ncu showed queueing behind the atomics (+4-6% measured).
+    // EXERCISE BEGIN dq-atomics [hard]
+    // Concept: dQ accumulation: the K/V-outer loop's dQ goes through fp32 atomics, paired
+    // across two lanes into 16-byte red.global.add.v4.
+    //
+    // Add this warp's part of dQ_i, acc[mt][nt][0..3] (the C layout of the 16-row block
+    // wq * kDQRows + 16 mt and the n8 tile at column wd * kDQCols + 8 nt), to p.dq_acc: rows
+    // it.i0 + r of plane it.bh, [B, H, M, d] fp32, zeroed by the pre-pass and scaled by the
+    // post-pass. A lane holds 2 adjacent floats of a row per n8 tile and its neighbour (t ^ 1)
+    // the next 2: exchange so that each lane owns 4 adjacent floats, one float4 atomicAdd
+    // per pair of n8 tiles. Trap: every lane takes part in the shuffles; rows past M add
+    // nothing.
     const int i0 = it.i0;
     float* dq = p.dq_acc + (it.bh * M + i0) * D;
     const bool odd = t & 1;
@@ -393,6 +402,7 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
                                               (nt + (odd ? 1 : 0)) * 8 + 2 * (t & 2)),
                     v[nt / 2]);
       }
+    // EXERCISE END
   };
 
   const int w_row0 = warp * 16;  // this warp's keys within the tile
@@ -476,11 +486,15 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
 #pragma unroll
       for (int rh = 0; rh < 2; ++rh) {
         float pe[2];
-        // EXERCISE BEGIN backward-p
-        // P = exp(scale S - LSE) for this lane's two scores s_t[nt][2 rh + e], e = 0, 1
-        // (queries 8 nt + 2t + e), from the saved L = LSE log2(e) (li.x, li.y): one fmaf
-        // with p.scale_log2 and one fast_exp2 each, into pe[e]. Masked scores are -inf, and
-        // L is +inf for a query with no visible key: both already give P = 0.
+        // EXERCISE BEGIN backward-p [medium]
+        // Concept: P recomputed from the saved LSE in base 2: exp(scale S - LSE) as one fmaf
+        // and one exp2.
+        //
+        // Into pe[e], e = 0, 1: P of this lane's two scores s_t[nt][2 rh + e] (unscaled,
+        // queries 8 nt + 2t + e), from the saved L = LSE log2(e) of those queries in li.x,
+        // li.y (the pre-pass made it), p.scale_log2 and fast_exp2 (mma.cuh). Trap: masked
+        // scores are -inf, and L is +inf for a query with no visible key: both must give
+        // P = 0, never NaN.
         pe[0] = fast_exp2(fmaf(s_t[nt][2 * rh], p.scale_log2, -li.x));
         pe[1] = fast_exp2(fmaf(s_t[nt][2 * rh + 1], p.scale_log2, -li.y));
         // EXERCISE END
@@ -513,7 +527,7 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
     for (int nt = 0; nt < kNT; ++nt) {
       if constexpr (kDropout) {
         if (nt % 2 == 0) {
-          // EXERCISE BEGIN dropout-regenerate
+          // EXERCISE BEGIN dropout-regenerate [hard]
           // Concept: Z is a pure function of (seed, b, h, i, j), so the backward regenerates the
           // forward's bits; in the transposed S^T layout, by moving them between lanes.
           //
@@ -546,9 +560,13 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
           p_dropped = pack2<T>(keep0 ? pe.x : 0.f, keep1 ? pe.y : 0.f);
         }
         float ds[2];
-        // EXERCISE BEGIN backward-ds
-        // dS = P o (dP - D) for this lane's two elements e = 0, 1: P in pe.x, pe.y, dP in
-        // dp_t[nt][2 rh + e], D_i of their queries in di.x, di.y. Into ds[e].
+        // EXERCISE BEGIN backward-ds [easy]
+        // Concept: dS = P o (dP - D) per element, in the S^T fragment layout.
+        //
+        // Into ds[e], e = 0, 1: the softmax backward of this lane's two elements (derived in
+        // notes/00_cpu_reference.md) from P in pe.x, pe.y (rounded to T, the P that dV uses),
+        // dP in dp_t[nt][2 rh + e] (dropout already applied) and D_i of their queries in
+        // di.x, di.y.
         ds[0] = pe.x * (dp_t[nt][2 * rh] - di.x);
         ds[1] = pe.y * (dp_t[nt][2 * rh + 1] - di.y);
         // EXERCISE END

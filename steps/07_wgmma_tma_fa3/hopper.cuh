@@ -36,6 +36,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "exercise.hpp"
+
 namespace ladder::hopper {
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -81,10 +83,8 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
 }
 
 // Spin until the phase with parity `parity` has completed (acquire: the TMA data, or the
-// arriving threads' writes, are visible afterwards). The parity of a phase is its index mod 2:
-// a waiter on the k-th use of a barrier passes parity k & 1. Pitfall: on a fresh barrier,
-// parity 1 counts as "the preceding phase" and passes at once; that is how a producer's first
-// wait on an empty slot is made free (it waits on parity (k & 1) ^ 1).
+// arriving threads' writes, are visible afterwards). The parity of a phase is its index mod 2.
+// Pitfall: on a fresh barrier, parity 1 counts as "the preceding phase" and passes at once.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   const uint32_t addr = smem_u32(bar);
   uint32_t done;
@@ -146,8 +146,18 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 // N, SBO = 1024 (next 8 rows along K). Pitfall: the swizzle must equal the tensor map's.
 __device__ __forceinline__ uint64_t make_desc_sw128(uint32_t saddr, uint32_t lbo_bytes,
                                                     uint32_t sbo_bytes) {
+  // EXERCISE BEGIN desc-sw128 [hard]
+  // Concept: the wgmma shared-memory matrix descriptor: start address, leading and stride
+  // byte offsets, 128-byte swizzle mode.
+  //
+  // Return the descriptor of the PTX ISA's Matrix Descriptor Format for a tile at shared
+  // address saddr with these byte offsets (the table above: the fields and their bits).
+  // Addresses and offsets go in 16-byte units, 14 bits each (shared addresses fit in 18
+  // bits); swizzle mode 1 = 128 bytes in bits 62-63; base offset 0 (every tile starts on a
+  // 1024-byte boundary). Trap: the fields above bit 31 are lost if shifted as 32-bit values.
   return uint64_t((saddr & 0x3FFFF) >> 4) | (uint64_t((lbo_bytes & 0x3FFFF) >> 4) << 16) |
          (uint64_t((sbo_bytes & 0x3FFFF) >> 4) << 32) | (uint64_t(1) << 62);
+  // EXERCISE END
 }
 
 // Orders earlier register accesses (of accumulators, and of A fragments) before the next

@@ -40,7 +40,7 @@
 // keys):
 //   S = Q K_j^T                      wgmma SS: A = Q (smem), B = K_j (smem, K-major)
 //   mask (tiles past the causal diagonal's start or the end of the keys only)
-//   m_new = max(m, rowmax S); P = exp2(S tau log2e - m_new tau log2e); l = alpha l + rowsum P
+//   m, l and P by the online softmax, in base 2 (softmax_tile)
 //   O = alpha O + P V_j              wgmma RS: A = P (registers), B = V_j (smem, N-major)
 // and at the end O /= l, LSE = tau m + ln l, O through shared memory to 16-byte stores.
 //
@@ -63,6 +63,7 @@
 #include <string>
 
 #include "dropout.hpp"
+#include "exercise.hpp"
 #include "hopper.cuh"
 #include "tensor_map.hpp"
 #include "wgmma_tma_fa3.hpp"
@@ -333,7 +334,17 @@ __device__ __forceinline__ void produce_kv(const Item& c, unsigned char* smem, B
   auto load_k = [&](int t) {
     const uint32_t st = pos.k % kStages, use = pos.k / kStages;
     const int tile = c.walk.tile(t);
+    // EXERCISE BEGIN ring-parity [hard]
+    // Concept: an mbarrier ring: the phase parity of the k-th use of a stage, and why the
+    // producer's first wait on an empty slot must pass at once.
+    //
+    // Stage st of K's ring is about to be used for the use-th time (use = pos.k / kStages).
+    // Wait on bars.empty_k[st] until the consumers have released it from its previous use
+    // (their releases of each use complete one phase of that barrier). The parity of a phase
+    // is its index mod 2. Trap: on use 0 nothing has been released yet, and the wait must
+    // still pass: on a fresh barrier, parity 1 counts as the phase before the first.
     mbar_wait(&bars.empty_k[st], (use & 1) ^ 1);
+    // EXERCISE END
     fault_delay();
     load_kv<S>(c, smem, tm_k, S::kK, &bars.full_k[st], int(st), tile);
     const unsigned long long ti = tr.now();
@@ -343,7 +354,12 @@ __device__ __forceinline__ void produce_kv(const Item& c, unsigned char* smem, B
   auto load_v = [&](int t) {
     const uint32_t st = pos.v % kStages, use = pos.v / kStages;
     const int tile = c.walk.tile(t);
+    // EXERCISE BEGIN ring-parity-v [easy]
+    // Concept: V's ring: its own stages, barriers and position counter, the same phase rule.
+    //
+    // As in load_k, for stage st of V's ring (use = pos.v / kStages) and bars.empty_v[st].
     mbar_wait(&bars.empty_v[st], (use & 1) ^ 1);
+    // EXERCISE END
     load_kv<S>(c, smem, tm_v, S::kV, &bars.full_v[st], int(st), tile);
     const unsigned long long ti = tr.now();
     tr.add(kTraceTmaIssueV, tile, ti, ti);
@@ -461,7 +477,7 @@ struct RowInfo {
 };
 
 // Mask (when needed), online softmax of S in place (S becomes unnormalised P, fp32), and
-// dropout; returns alpha = exp(tau (m_old - m_new)) per row in `alpha`.
+// dropout; returns in `alpha` the factor by which each row's O must be rescaled.
 template <bool kExtras>
 __device__ __forceinline__ void softmax_tile(float (&s)[kBc / 2], float (&m)[2], float (&l)[2],
                                              float (&alpha)[2], const RowInfo& ri, int tile,
@@ -484,8 +500,16 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kBc / 2], float (&m)[2],
       mx = fmaxf(mx, fmaxf(s[4 * cb + 2 * r], s[4 * cb + 2 * r + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the 4 lanes of a row
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    // A row that has seen only masked keys keeps m = -inf; subtract 0 then, so that
-    // exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
+    // EXERCISE BEGIN softmax-tile [medium]
+    // Concept: the online softmax in base 2 with tau log2(e) folded into one FFMA per score,
+    // on the wgmma accumulator layout.
+    //
+    // m[r], l[r]: the running max (of unscaled scores) and this thread's share of row r's
+    // sum; mx: the new max, over this tile's row (the quad's 4 threads) and m[r]. Leave
+    // alpha[r] (the factor for O), m[r], the row's scores s[4 cb + 2 r + i] as the
+    // unnormalised weights exp(tau (s - m)), and their sum folded into l[r]. Tools:
+    // p.scale_log2 (tau log2 e) and fast_exp2; one fmaf and one exp2 per score. Trap: a row
+    // that has seen only masked keys so far.
     const float mx_scaled = mx == kNegInf ? 0.f : mx * p.scale_log2;
     alpha[r] = fast_exp2(m[r] * p.scale_log2 - mx_scaled);
     m[r] = mx;
@@ -500,12 +524,12 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kBc / 2], float (&m)[2],
         sum += pe;
       }
     l[r] = alpha[r] * l[r] + sum;  // this thread's columns; the quad adds up at the end
+    // EXERCISE END
   }
   if constexpr (kExtras) {
     if (p.dropout) {
       // l summed the undropped P (the LSE is that of P); Z only zeroes P on its way into PV.
-      // One Philox call per 16 x 16 block gives this lane its 8 elements (docs/CONTRACT.md):
-      // words 0, 1 = row g, even / odd n8 block; 2, 3 = row g + 8; low half = even column.
+      // One Philox call per 16 x 16 block gives this lane its 8 elements (docs/CONTRACT.md).
 #pragma unroll
       for (int kk = 0; kk < kBc / 16; ++kk) {
         const uint32_t J = uint32_t(key0 / 16 + kk);
@@ -514,9 +538,20 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kBc / 2], float (&m)[2],
                             uint32_t(c.b), p.seed_lo, p.seed_hi);
         const uint32_t(&words)[4] = w.w;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {  // s[8kk + e]: n8 block 2kk + e/4, row half (e/2)&1
+        for (int e = 0; e < 8; ++e) {
+          uint32_t u;  // the 16-bit uniform of s[8kk + e]
+          // EXERCISE BEGIN dropout-words [hard]
+          // Concept: the dropout counter mapping: which of a Philox call's 8 halves belongs to
+          // each of the lane's 8 accumulators of a 16 x 16 block (docs/CONTRACT.md).
+          //
+          // Set u to the 16-bit uniform of s[8kk + e], from the 4 words of this block's call.
+          // s[8kk + e] is n8 block 2kk + e / 4, row half (e / 2) & 1, column 2t + (e & 1). The
+          // contract: w0 = row g of the even n8 block, w1 = row g of the odd one, w2, w3 the
+          // same for row g + 8; the low 16 bits are the even column's. Trap: the order of the
+          // words is not the order of the accumulators.
           const uint32_t word = words[(e >> 2) + 2 * ((e >> 1) & 1)];
-          const uint32_t u = (word >> (16 * (e & 1))) & 0xffffu;
+          u = (word >> (16 * (e & 1))) & 0xffffu;
+          // EXERCISE END
           if (u < p.drop_threshold) s[8 * kk + e] = 0.f;
         }
       }
@@ -536,10 +571,17 @@ __device__ __forceinline__ void rescale_o(float (&o)[D / 2], const float (&alpha
 // are accumulators 8kk..8kk+7, in A-fragment order already (hopper.cuh).
 template <class T>
 __device__ __forceinline__ void convert_p(uint32_t (&pf)[kBc / 16][4], const float (&s)[kBc / 2]) {
+  // EXERCISE BEGIN convert-p [easy]
+  // Concept: wgmma's D layout, packed pairwise to 16 bits, is its A-from-registers layout.
+  //
+  // Fill pf[kk][0..3], the A fragment of P for the k16 step kk (keys 16kk .. 16kk + 15), from
+  // the fp32 P in s, packing pairs with pack2<T>(lower column, higher column). hopper.cuh
+  // lists both layouts; no shuffle is needed.
 #pragma unroll
   for (int kk = 0; kk < kBc / 16; ++kk)
 #pragma unroll
     for (int q = 0; q < 4; ++q) pf[kk][q] = pack2<T>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
+  // EXERCISE END
 }
 
 // ---- the consumer warpgroup: one work item ----------------------------------------------
