@@ -789,17 +789,21 @@ def results_table(rows, history, gpu_tag, csv_path, names, figures):
         return at.get((step, dtype, TOKENS // seq if TOKENS >= seq else 1, HIDDEN // dim,
                        HIDDEN // dim, seq, seq, dim, causal, direction, 0.0, 1.0))
 
-    def tf(step, dtype, dim, causal, direction):
-        r = row(step, dtype, dim, causal, direction)
-        return r.tflops if r else None
-
-    def peer_tf(rung, peer):
-        """The peer measured in the same call as the rung's row (its commit column)."""
-        if rung is None:
-            return None
-        key = (peer,) + rung.key()[1:]
-        same = [h for h in history if h.key() == key and h.commit == rung.commit]
-        return same[-1].tflops if same else None
+    def paired(step, dtype, dim, causal, direction, peer):
+        """(rung TFLOP/s, peer TFLOP/s): the rung's latest row whose peer was measured in the
+        same call (the same commit column), and that peer row; else the rung's latest row
+        alone (a later call that measured the rung without its peer, e.g. a variant sweep,
+        must not hide the last side-by-side pair)."""
+        latest = row(step, dtype, dim, causal, direction)
+        if latest is None:
+            return None, None
+        key = latest.key()
+        pkey = (peer,) + key[1:]
+        for r in reversed([h for h in history if h.key() == key]):
+            same = [h for h in history if h.key() == pkey and h.commit == r.commit]
+            if same:
+                return r.tflops, same[-1].tflops
+        return latest.tflops, None
 
     step_rows = [r for r in rows if not r.peer]
     peer_rows = [r for r in rows if r.peer]
@@ -825,9 +829,8 @@ def results_table(rows, history, gpu_tag, csv_path, names, figures):
                     key=lambda k: (k[0], ("fp32", "bf16", "fp16").index(k[1]), k[2], k[3]))
     for step, dtype, dim, causal in points:
         peer = TABLE_PEER_BY_STEP.get(step, TABLE_PEER[dtype])
-        f, b = tf(step, dtype, dim, causal, "fwd"), tf(step, dtype, dim, causal, "bwd")
-        pf = peer_tf(row(step, dtype, dim, causal, "fwd"), peer)
-        pb = peer_tf(row(step, dtype, dim, causal, "bwd"), peer)
+        f, pf = paired(step, dtype, dim, causal, "fwd", peer)
+        b, pb = paired(step, dtype, dim, causal, "bwd", peer)
         peer_cell = f"{peer} {dtype}: {fmt_tf(pf)} / {fmt_tf(pb)}" if pf or pb else "—"
         out.append(f"| `{label(step, names)}` | {dtype} | {dim} | {'yes' if causal else 'no'} | "
                    f"{fmt_tf(f)} | {fmt_tf(b)} | {peer_cell} | {fmt_ratio(f, pf)} | "
