@@ -179,9 +179,8 @@ std::string resources(const void* fn, int warps, int smem_bytes) {
 // e.g. "Br=128 Bc=64 warps=4 threads=128 smem=96 KiB regs=255 local=0 B blocks/SM=2", for the
 // instantiation that runs p (dropout and block-sparse ones have their own registers).
 std::string describe(const FwdKernel& k, const FwdParams& p) {
-  const bool drop = p.dropout_p > 0;
-  return "Br=" + std::to_string(k.br) + " Bc=" + std::to_string(k.bc_for(p.dropout_p)) + " " +
-         resources(k.fn_for(p), k.warps, drop ? k.smem_bytes_dropout : k.smem_bytes);
+  return "Br=" + std::to_string(k.br) + " Bc=" + std::to_string(k.bc) + " " +
+         resources(k.fn_for(p), k.warps, k.smem_bytes);
 }
 
 // e.g. "bwd: Bc=128 Br=64 warps=8 threads=256 smem=161 KiB regs=255 local=0 B blocks/SM=1"
@@ -205,11 +204,10 @@ const FwdVariant& variant_named(const std::string& name) {
 //    too, which the runner checks only against the forward's.
 Tiles fixed_tiles(const Problem& p, const RunOptions& opt, const DeviceInfo&) {
   const FwdKernel k = select_kernel(p.dtype, p.dim, kAll);
-  const int bc = k.bc_for(p.dropout);  // the dropout build's key tile may be shorter
-  if ((opt.tile_q != 0 && opt.tile_q != k.br) || (opt.tile_k != 0 && opt.tile_k != bc))
+  if ((opt.tile_q != 0 && opt.tile_q != k.br) || (opt.tile_k != 0 && opt.tile_k != k.bc))
     throw BadInput("step 06 fixes its tiles at compile time: for --dim " + std::to_string(p.dim) +
-                   (p.dropout > 0 ? " with dropout" : "") + " Br = " + std::to_string(k.br) +
-                   " (--tile-q) and Bc = " + std::to_string(bc) + " (--tile-k)");
+                   " Br = " + std::to_string(k.br) +
+                   " (--tile-q) and Bc = " + std::to_string(k.bc) + " (--tile-k)");
   const bool features = p.dropout > 0 || p.sparsity.active();
   if (features && variant_named(opt.variant).flags != kAll)
     throw BadInput("variant '" + opt.variant +
@@ -225,7 +223,7 @@ Tiles fixed_tiles(const Problem& p, const RunOptions& opt, const DeviceInfo&) {
                      std::to_string(p.sparsity.block_q) + "x" + std::to_string(p.sparsity.block_k) +
                      "): use a mask block that is a multiple of them");
   }
-  return Tiles{k.br, bc};
+  return Tiles{k.br, k.bc};
 }
 
 // The block lists' bytes (int32 counts and indices), at most: the forward's per (b, h, query
@@ -369,8 +367,7 @@ const Step& step_06() {
     s.caps.max_batch = s.caps.max_heads = 65535;  // grid.z and grid.y
     s.caps.max_seq = int64_t(1) << 30;            // 32-bit row indices
     s.caps.limits =
-        "tiles fixed per head dim (Br x Bc: 128 x 128 for d <= 64, 128 x 64 above; with "
-        "dropout at d = 64, 128 x 64); variants "
+        "tiles fixed per head dim (Br x Bc: 128 x 128 for d <= 64, 128 x 64 above); variants "
         "other than 'full' are built for bf16 with d 64 and 128 only; the backward runs d 32, "
         "64, 96 and 128 (Bc = 128 keys x Br = 64 queries, 128 at d = 64) and, by its fp32 "
         "atomics, is not bitwise reproducible in dQ; dropout and block-sparse masks in the "

@@ -160,39 +160,34 @@ enum FwdFlag : int {
 // issues the second step's ldmatrix under the first step's mma; each pass recomputes the
 // swizzled addresses, a few integer instructions per k-step (1270 instructions per tile, 1251
 // fully rolled, which waits for every step's loads before its first mma).
-// kBcDropout: the key tile of the dropout build. At d = 64 it is half the dense one: the
-// Philox calls lengthen each warp's chain of dependent instructions, and with 2 warps per
-// scheduler a shorter tile leaves more independent work between waits (FLASH makes the same
-// choice; note 06 has the measurement).
 template <int D>
 struct FwdTiles;
 template <>
 struct FwdTiles<32> {
-  static constexpr int kWarps = 4, kSlices = 2, kBc = 128, kBcDropout = 128, kQKUnroll = 2;
+  static constexpr int kWarps = 4, kSlices = 2, kBc = 128, kQKUnroll = 2;
 };
 template <>
 struct FwdTiles<64> {
-  static constexpr int kWarps = 4, kSlices = 2, kBc = 128, kBcDropout = 64, kQKUnroll = 4;
+  static constexpr int kWarps = 4, kSlices = 2, kBc = 128, kQKUnroll = 4;
 };
 template <>
 struct FwdTiles<96> {
-  static constexpr int kWarps = 4, kSlices = 2, kBc = 64, kBcDropout = 64, kQKUnroll = 6;
+  static constexpr int kWarps = 4, kSlices = 2, kBc = 64, kQKUnroll = 6;
 };
 template <>
 struct FwdTiles<128> {
-  static constexpr int kWarps = 4, kSlices = 2, kBc = 64, kBcDropout = 64, kQKUnroll = 2;
+  static constexpr int kWarps = 4, kSlices = 2, kBc = 64, kQKUnroll = 2;
 };
 template <>
 struct FwdTiles<256> {
-  static constexpr int kWarps = 8, kSlices = 1, kBc = 64, kBcDropout = 64, kQKUnroll = 16;
+  static constexpr int kWarps = 8, kSlices = 1, kBc = 64, kQKUnroll = 16;
 };
 
-template <class T, int D, int kFlags, bool kDropout = false>
+template <class T, int D, int kFlags>
 struct FwdConfig {
   static constexpr int kD = D;
   static constexpr int kWarps = FwdTiles<D>::kWarps, kSlices = FwdTiles<D>::kSlices;
-  static constexpr int kBr = kWarps * 16 * kSlices;
-  static constexpr int kBc = kDropout ? FwdTiles<D>::kBcDropout : FwdTiles<D>::kBc;
+  static constexpr int kBr = kWarps * 16 * kSlices, kBc = FwdTiles<D>::kBc;
   static constexpr int kQKUnroll = FwdTiles<D>::kQKUnroll;
   static constexpr int kThreads = kWarps * 32;
   static constexpr bool kSwz = kFlags & kSwizzle, kAsync = kFlags & kCpAsync,
@@ -382,9 +377,9 @@ __device__ __forceinline__ void drop_block(float (&ev)[4], float (&od)[4],
 
 // kDropout, kSparse: the features, instantiated for the full variant only (host.cu).
 template <class T, int D, int kFlags, bool kDropout = false, bool kSparse = false>
-__global__ void __launch_bounds__(FwdConfig<T, D, kFlags, kDropout>::kThreads)
+__global__ void __launch_bounds__(FwdConfig<T, D, kFlags>::kThreads)
     forward_kernel(const FwdArgsFor<kDropout, kSparse> p) {
-  using C = FwdConfig<T, D, kFlags, kDropout>;
+  using C = FwdConfig<T, D, kFlags>;
   static_assert(kFlags == kFwdAll || (!kDropout && !kSparse),
                 "dropout and block-sparse masks are built into the full variant only");
   using QKV = typename C::QKV;
@@ -699,9 +694,7 @@ struct FwdKernel {
   // are left for the caller's cudaGetLastError().
   void (*launch)(const FwdParams& p, cudaStream_t stream) = nullptr;
   int br = 0, bc = 0, warps = 0, smem_bytes = 0;
-  int bc_dropout = 0, smem_bytes_dropout = 0;  // the dropout build's key tile and shared memory
   bool features = false;  // dropout and block-sparse masks (the full variant; others ignore them)
-  int bc_for(double dropout_p) const { return dropout_p > 0 ? bc_dropout : bc; }
 };
 
 // The arguments of a kernel with the features, from p: the mask row strides (0 where shared),
@@ -730,7 +723,7 @@ inline FwdFeatureArgs fwd_feature_args(const FwdParams& p, int br, int bc) {
 
 template <class T, int D, int kFlags, bool kDropout, bool kSparse>
 void launch_fwd_as(const FwdArgsFor<kDropout, kSparse>& a, int batch, cudaStream_t stream) {
-  using C = FwdConfig<T, D, kFlags, kDropout>;
+  using C = FwdConfig<T, D, kFlags>;
   const dim3 grid(unsigned((a.seq_q + C::kBr - 1) / C::kBr), unsigned(a.heads), unsigned(batch));
   forward_kernel<T, D, kFlags, kDropout, kSparse><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
 }
@@ -750,14 +743,12 @@ const void* fwd_fn_for(const FwdParams& p) {
 
 template <class T, int D, int kFlags>
 void launch_fwd(const FwdParams& p, cudaStream_t stream) {
+  using C = FwdConfig<T, D, kFlags>;
   if constexpr (kFlags == kFwdAll) {
     // dropout_p = 0 is no dropout at all: the kernel without it, bit for bit.
     const bool drop = p.dropout_p > 0, sparse = p.blk_count != nullptr;
     if (drop || sparse) {
-      using C = FwdConfig<T, D, kFlags>;
-      using CD = FwdConfig<T, D, kFlags, true>;  // the dropout build's tiles
-      const FwdFeatureArgs a =
-          drop ? fwd_feature_args(p, CD::kBr, CD::kBc) : fwd_feature_args(p, C::kBr, C::kBc);
+      const FwdFeatureArgs a = fwd_feature_args(p, C::kBr, C::kBc);
       if (drop && sparse) return launch_fwd_as<T, D, kFlags, true, true>(a, p.batch, stream);
       if (drop) return launch_fwd_as<T, D, kFlags, true, false>(a, p.batch, stream);
       return launch_fwd_as<T, D, kFlags, false, true>(a, p.batch, stream);
@@ -768,21 +759,16 @@ void launch_fwd(const FwdParams& p, cudaStream_t stream) {
 
 template <class T, int D, int kFlags>
 cudaError_t configure_fwd() {
-  constexpr int kDense = FwdConfig<T, D, kFlags>::kSmemBytes;
-  constexpr int kDrop = FwdConfig<T, D, kFlags, true>::kSmemBytes;
   const void* fns[4] = {reinterpret_cast<const void*>(&forward_kernel<T, D, kFlags>)};
-  int bytes[4] = {kDense}, n = 1;
+  int n = 1;
   if constexpr (kFlags == kFwdAll) {
-    fns[n] = reinterpret_cast<const void*>(&forward_kernel<T, D, kFlags, true, false>);
-    bytes[n++] = kDrop;
-    fns[n] = reinterpret_cast<const void*>(&forward_kernel<T, D, kFlags, false, true>);
-    bytes[n++] = kDense;
-    fns[n] = reinterpret_cast<const void*>(&forward_kernel<T, D, kFlags, true, true>);
-    bytes[n++] = kDrop;
+    fns[n++] = reinterpret_cast<const void*>(&forward_kernel<T, D, kFlags, true, false>);
+    fns[n++] = reinterpret_cast<const void*>(&forward_kernel<T, D, kFlags, false, true>);
+    fns[n++] = reinterpret_cast<const void*>(&forward_kernel<T, D, kFlags, true, true>);
   }
   for (int i = 0; i < n; ++i) {
-    cudaError_t e =
-        cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize, bytes[i]);
+    cudaError_t e = cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         FwdConfig<T, D, kFlags>::kSmemBytes);
     // Two blocks of up to 112 KiB per SM need the largest shared-memory carve-out of L1.
     if (e == cudaSuccess)
       e = cudaFuncSetAttribute(fns[i], cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -801,8 +787,6 @@ FwdKernel fwd_kernel() {
   k.configure = &configure_fwd<T, D, kFlags>;
   k.launch = &launch_fwd<T, D, kFlags>;
   k.br = C::kBr, k.bc = C::kBc, k.warps = C::kWarps, k.smem_bytes = C::kSmemBytes;
-  k.bc_dropout = FwdConfig<T, D, kFlags, true>::kBc;
-  k.smem_bytes_dropout = FwdConfig<T, D, kFlags, true>::kSmemBytes;
   k.features = kFlags == kFwdAll;
   return k;
 }
