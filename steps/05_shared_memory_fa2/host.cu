@@ -47,10 +47,13 @@ const FwdVariant kVariants[] = {
      "FlashAttention-1 order: a block per head, K/V tiles outer, Q tiles inner; O_i, m_i, l_i "
      "read and written in HBM for every K/V tile"},
 };
-Fwd kind_of(const RunOptions& opt) {
+const FwdVariant& variant_named(const RunOptions& opt) {
   for (const FwdVariant& v : kVariants)
-    if (opt.variant == v.name) return v.kind;
-  return Fwd::fa2;
+    if (opt.variant == v.name) return v;
+  return kVariants[0];  // the runner resolved the name against the descriptor
+}
+Fwd kind_of(const RunOptions& opt) {
+  return variant_named(opt).kind;
 }
 
 // Br cap for the forward's default (the rule gives 32, 64, 96, 112 for d = 32, 64, 96, 128 on
@@ -110,10 +113,6 @@ Tiles choose_tiles(const Problem& p, const RunOptions& opt, const DeviceInfo& de
           "variant 'row' of step 05_shared_memory_fa2 runs Br x Bc = " + std::to_string(kRowBr) +
           " x " + std::to_string(kRowBc) + " (compiled): --tile-q " + std::to_string(kRowBr) +
           " and --tile-k " + std::to_string(kRowBc) + " only");
-    if (p.backward && dev.smem_per_block != 0 && bwd_smem_bytes_for(p.dim) > dev.smem_per_block)
-      throw BadInput("step 05_shared_memory_fa2: the backward at d = " + std::to_string(p.dim) +
-                     " needs " + kb(bwd_smem_bytes_for(p.dim)) +
-                     " of shared memory per block; this device allows " + kb(dev.smem_per_block));
     return Tiles{kRowBr, kRowBc};
   }
   if (opt.tile_k != 0 && opt.tile_k != kBc)
@@ -139,18 +138,19 @@ Tiles choose_tiles(const Problem& p, const RunOptions& opt, const DeviceInfo& de
                    " at d = " + std::to_string(p.dim) + " needs " + kb(smem) +
                    " of shared memory per block; this device allows " + kb(dev.smem_per_block) +
                    " (use a smaller --tile-q)");
-  if (p.backward && bwd_smem_bytes_for(p.dim) > dev.smem_per_block)
-    throw BadInput("step 05_shared_memory_fa2: the backward at d = " + std::to_string(p.dim) +
-                   " needs " + kb(bwd_smem_bytes_for(p.dim)) +
-                   " of shared memory per block; this device allows " + kb(dev.smem_per_block));
   return Tiles{br, kBc};
 }
 
-// The descriptor's tiles(): the rule above, and the features' limits (exit 2). Dropout and
-// block masks are built into the default variant only (the runner refuses the others, from
-// their Variant flags), and the backward's Br = Bc = 64 must divide the mask block too, which
-// the runner checks only against the forward's tiles.
+// The descriptor's tiles(): the rule above, and the backward's and the features' limits
+// (exit 2). Every variant runs the one backward, whose shared memory is fixed by d. Dropout
+// and block masks are built into the default variant only (the runner refuses the others,
+// from their Variant flags), and the backward's Br = Bc = 64 must divide the mask block too,
+// which the runner checks only against the forward's tiles.
 Tiles tiles_and_features(const Problem& p, const RunOptions& opt, const DeviceInfo& dev) {
+  if (p.backward && dev.smem_per_block != 0 && bwd_smem_bytes_for(p.dim) > dev.smem_per_block)
+    throw BadInput("step 05_shared_memory_fa2: the backward at d = " + std::to_string(p.dim) +
+                   " needs " + kb(bwd_smem_bytes_for(p.dim)) +
+                   " of shared memory per block; this device allows " + kb(dev.smem_per_block));
   if (p.backward && p.sparsity.active() &&
       (p.sparsity.block_q % kBrBwd != 0 || p.sparsity.block_k % kBc != 0))
     throw BadInput("step 05_shared_memory_fa2's backward runs Br x Bc = " + std::to_string(kBrBwd) +
@@ -176,7 +176,7 @@ double mask_list_bytes(const Problem& p) {
 // and the fp32 dQ accumulator (B*H*M*d floats).
 double buffer_bytes(const Problem& p, const RunOptions& opt) {
   const double rows = double(p.rows());
-  return (opt.variant == "fa1" ? 12.0 : 4.0) * rows +
+  return (kind_of(opt) == Fwd::fa1 ? 12.0 : 4.0) * rows +
          (p.backward ? 4.0 * rows + 4.0 * double(p.q_numel()) : 0.0);
 }
 // ... and a block-sparse run's block lists (what the runner checks against free memory).
@@ -227,9 +227,8 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
   }
   fp.dropout_p = p.dropout, fp.dropout_seed = p.dropout_seed;
   const int fwd_threads = kind == Fwd::row ? kRowBr : kTX * br / kTM;
-  const size_t fwd_smem =  // the row kernel's is static: 2 x 32 x d floats
-      kind == Fwd::row ? 2 * kRowBc * size_t(d) * sizeof(float)
-                       : fwd_smem_bytes(int(d), br, fa1, pad);
+  const size_t fwd_smem =
+      kind == Fwd::row ? row_smem_bytes(int(d)) : fwd_smem_bytes(int(d), br, fa1, pad);
   const dim3 fa1_grid(unsigned(p.heads), unsigned(p.batch));
 
   with_dim(d, [&](auto dim) {
@@ -266,8 +265,7 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
     });
   });
   g.result.workspace_bytes = buffer_bytes(p, opt) + (kv_lists ? kv_lists->bytes() : 0.0);
-  g.result.config = (opt.variant.empty() ? std::string("fa2") : opt.variant) +
-                    ": Br=" + std::to_string(br) +
+  g.result.config = std::string(variant_named(opt).name) + ": Br=" + std::to_string(br) +
                     " Bc=" + std::to_string(kind == Fwd::row ? kRowBc : kBc) +
                     " threads=" + std::to_string(fwd_threads) + " smem=" + kb(fwd_smem);
   if (opt.verbose) {

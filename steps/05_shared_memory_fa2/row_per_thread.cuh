@@ -61,10 +61,16 @@ __device__ __forceinline__ void store_lse(float* lse, float* lse_lo, float m, fl
 constexpr int kRowBr = 64;  // query rows per block: one thread each
 constexpr int kRowBc = 32;  // keys per K/V tile: K_j and V_j are 2 x 32 x d floats, 32 KB at d 128
 
+// The kernel's (static) shared memory: K_j and V_j, kRowBc x d floats each.
+constexpr size_t row_smem_bytes(int d) {
+  return 2 * size_t(kRowBc) * size_t(d) * sizeof(float);
+}
+
 template <int D>
 __global__ void __launch_bounds__(kRowBr) row_forward_kernel(const FwdArgs p) {
   __shared__ float Ks[kRowBc][D];
   __shared__ float Vs[kRowBc][D];
+  static_assert(sizeof(Ks) + sizeof(Vs) == row_smem_bytes(D), "row_smem_bytes is the layout");
   const int t = threadIdx.x;
   // Causal: the last Q tiles see the most keys; launching them first shortens the tail.
   const int it = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
