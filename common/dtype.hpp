@@ -40,19 +40,26 @@ inline int dtype_bytes(DType t) {
   }
 }
 
-// Unit roundoff (machine epsilon) of each type.
-inline double dtype_eps(DType t) {
+// Unit roundoff u of each type: half the gap between 1 and the next number, the largest
+// relative error of one rounding to nearest (2^-53 fp64, 2^-24 fp32, 2^-11 fp16, 2^-8 bf16).
+// Machine epsilon is 2u.
+inline double unit_roundoff(DType t) {
   switch (t) {
     case DType::f64:
-      return std::numeric_limits<double>::epsilon();
+      return 0x1p-53;
     case DType::f32:
-      return std::numeric_limits<float>::epsilon();
+      return 0x1p-24;
     case DType::f16:
-      return 0x1p-10;
+      return 0x1p-11;
     case DType::bf16:
-      return 0x1p-7;
+      return 0x1p-8;
   }
   return 0;
+}
+
+// The type a step of dtype t accumulates in (and stores LSE in): fp32, or fp64 for fp64.
+inline DType accumulation_type(DType t) {
+  return t == DType::f64 ? DType::f64 : DType::f32;
 }
 
 // IEEE binary16 and bfloat16 bit conversions, round to nearest even.

@@ -1,12 +1,21 @@
-// The plain same-precision computation that sets the harness's tolerance.
+// The yardstick: a correct kernel of the step's precision class, written as plain loops.
 //
-// The textbook algorithm in the step's precision, with no tricks: every dot product
-// summed left to right (in float32 for fp32, fp16 and bf16; in float64 for fp64), softmax
-// with the max shift, and, for fp16/bf16, S, P, O and each gradient product rounded to that
-// type as a framework's matmuls would. A step passes when its error vs the float64 oracle is
-// at most 2x (3x for gradients) this computation's error vs the oracle (docs/CONTRACT.md,
-// "The harness"). Summation order matters: a blocked matrix product sums more accurately
-// than a loop, so the yardstick is the loop every first implementation writes.
+// A step passes when its error vs the float64 oracle is at most 2x (3x for gradients) this
+// computation's error vs the oracle, plus one unit roundoff of the output's scale
+// (docs/CONTRACT.md, "The harness"). So the yardstick must make the errors a *correct* kernel
+// of that class makes, and no more:
+//  - inputs are the values the kernel sees (already rounded to the dtype by the caller);
+//  - S = scale * QK^T, the row max m, the sum l and LSE = m + log l are fp32 (float64 for a
+//    float64 step): every tensor-core rung keeps S in fp32 accumulators and stores LSE as fp32;
+//  - the unnormalised weights exp(S - m) are rounded to the dtype before they multiply V
+//    (the mma/wgmma operand), summed in fp32, divided by l once, and O is rounded to the dtype;
+//  - backward as FlashAttention-2 computes it: D = rowsum(dO o O) from the stored O,
+//    P = exp(S - LSE) in fp32, dS = P o (dP - D) in fp32; P and dS rounded to the dtype
+//    before the products dV = P^T dO, dQ = dS K, dK = dS^T Q, which sum in fp32; the
+//    gradients rounded to the dtype once.
+// For fp32 and float64 the roundings to the dtype are no-ops: the class is "every value in
+// that precision". Every sum runs left to right, which is less accurate than the blocked sums
+// of a real kernel, so a correct kernel's error is at most about the yardstick's.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -25,6 +34,7 @@ void plain(const Problem& p, const Inputs& in, DType precision, Outputs& out,
            const std::vector<int64_t>* rows) {
   const int64_t M = p.seq_q, N = p.seq_k, d = p.dim;
   const F scale = F(p.softmax_scale());
+  // r: a value as the kernel stores it in the dtype (an mma operand or an output).
   auto r = [precision](F x) { return F(round_to(precision, double(x))); };
   const bool full = rows == nullptr;
   std::vector<int64_t> all;
@@ -46,10 +56,11 @@ void plain(const Problem& p, const Inputs& in, DType precision, Outputs& out,
   // query heads and rows go in order, so every sum is the one a single thread makes.
   const int64_t groups = p.batch * p.heads_kv;
   parallel_chunks(groups, parallel_chunk_count(groups, 1), [&](int, int64_t g0, int64_t g1) {
-    std::vector<F> S(static_cast<size_t>(N)), P(static_cast<size_t>(N)), o(static_cast<size_t>(d));
-    std::vector<F> q(static_cast<size_t>(d)), g(static_cast<size_t>(d));  // this row's Q, dO
-    std::vector<F> q_acc(static_cast<size_t>(d));                         // its dQ
+    std::vector<F> S(static_cast<size_t>(N)), dS(static_cast<size_t>(N));
+    std::vector<F> o(static_cast<size_t>(d)), q(static_cast<size_t>(d)), g(static_cast<size_t>(d)),
+        q_acc(static_cast<size_t>(d));  // O, Q, dO and dQ of a row
     std::vector<unsigned char> vis(static_cast<size_t>(N)), keep(static_cast<size_t>(N), 1);
+    auto kv = [&](size_t kv0, int64_t j, int64_t c) { return kv0 + size_t(j * d + c); };
 
     for (int64_t grp = g0; grp < g1; ++grp)
       for (int64_t h = grp % p.heads_kv * p.group(); h < (grp % p.heads_kv + 1) * p.group(); ++h) {
@@ -63,66 +74,63 @@ void plain(const Problem& p, const Inputs& in, DType precision, Outputs& out,
           const int64_t n = p.visible_keys(i);  // the causal prefix; the block mask inside it
           for (int64_t j = 0; j < n; ++j) vis[size_t(j)] = in.mask.visible(b, h, i, j);
           if (dropping) dropout::keep_row(p.dropout_seed, thresh, b, h, i, n, keep.data());
+
+          // Forward. S and its statistics in F; the weights rounded as the P.V operand.
           F m = -std::numeric_limits<F>::infinity(), l = 0;
           for (int64_t j = 0; j < n; ++j) {
             if (!vis[size_t(j)]) continue;
             F s = 0;
-            for (int64_t c = 0; c < d; ++c) s += q[size_t(c)] * F(K[kv0 + size_t(j * d + c)]);
-            S[size_t(j)] = r(scale * s);
+            for (int64_t c = 0; c < d; ++c) s += q[size_t(c)] * F(K[kv(kv0, j, c)]);
+            S[size_t(j)] = scale * s;
             m = std::max(m, S[size_t(j)]);
           }
-          for (int64_t j = 0; j < n; ++j)
-            if (vis[size_t(j)]) l += std::exp(S[size_t(j)] - m);
-          // P: the softmax (0 for hidden keys); o sums Pd V with Pd = P Z / (1 - p).
-          for (int64_t j = 0; j < n; ++j)
-            P[size_t(j)] = vis[size_t(j)] ? r(std::exp(S[size_t(j)] - m) / l) : F(0);
-          // O_i = sum_j Pd_ij V_j: each column summed left to right in j (the j-outer loop
-          // order only keeps the reads of V contiguous; the arithmetic is the same).
           std::fill(o.begin(), o.end(), F(0));
           for (int64_t j = 0; j < n; ++j) {
-            if (!vis[size_t(j)] || !keep[size_t(j)]) continue;
-            const F pd = dropping ? r(P[size_t(j)] * inv_keep) : P[size_t(j)];
-            for (int64_t c = 0; c < d; ++c) o[size_t(c)] += pd * F(V[kv0 + size_t(j * d + c)]);
+            if (!vis[size_t(j)]) continue;
+            const F e = std::exp(S[size_t(j)] - m);
+            l += e;
+            if (!keep[size_t(j)]) continue;
+            const F w = r(e);  // O_i = sum_j w_ij V_j / l_i (/ (1 - p) with dropout)
+            for (int64_t c = 0; c < d; ++c) o[size_t(c)] += w * F(V[kv(kv0, j, c)]);
           }
+          const F norm = l == 0 ? F(0) : (dropping ? inv_keep : F(1)) / l;
           for (int64_t c = 0; c < d; ++c) {
-            o[size_t(c)] = r(o[size_t(c)]);
+            o[size_t(c)] = r(o[size_t(c)] * norm);
             out.o.data[orow * size_t(d) + size_t(c)] = double(o[size_t(c)]);
           }
-          out.lse.data[orow] =
-              l == 0 ? -std::numeric_limits<double>::infinity() : double(m + std::log(l));
+          const F lse = l == 0 ? -std::numeric_limits<F>::infinity() : m + std::log(l);
+          out.lse.data[orow] = double(lse);
           if (!p.backward) continue;
 
+          // Backward: D from the stored O; P recomputed from LSE; dS in F.
           for (int64_t c = 0; c < d; ++c) g[size_t(c)] = F(dO[row * size_t(d) + size_t(c)]);
           F D = 0;
           for (int64_t c = 0; c < d; ++c) D += g[size_t(c)] * o[size_t(c)];
-          for (int64_t j = 0; j < n;
-               ++j) {  // dS_ij = P_ij (dP_ij - D_i), dP_ij = dO_i . V_j Z/(1-p)
+          for (int64_t j = 0; j < n; ++j) {
             if (!vis[size_t(j)]) {
-              S[size_t(j)] = 0;
+              S[size_t(j)] = dS[size_t(j)] = 0;
               continue;
             }
-            F dp = 0;
+            const F P = std::exp(S[size_t(j)] - lse);
+            F dp = 0;  // dP_ij = dO_i . V_j Z_ij / (1 - p)
             if (keep[size_t(j)])
-              for (int64_t c = 0; c < d; ++c) dp += g[size_t(c)] * F(V[kv0 + size_t(j * d + c)]);
-            if (dropping) dp = dp * inv_keep;
-            S[size_t(j)] = r(P[size_t(j)] * (r(dp) - D));  // S now holds dS
+              for (int64_t c = 0; c < d; ++c) dp += g[size_t(c)] * F(V[kv(kv0, j, c)]);
+            if (dropping) dp *= inv_keep;
+            dS[size_t(j)] = r(P * (dp - D));  // the dS operand of dQ and dK
+            // S now holds the P operand of dV: P Z / (1 - p), rounded.
+            S[size_t(j)] = !keep[size_t(j)] ? F(0) : r(dropping ? P * inv_keep : P);
           }
           std::fill(q_acc.begin(), q_acc.end(), F(0));  // dQ_i = scale sum_j dS_ij K_j
           for (int64_t j = 0; j < n; ++j)
-            for (int64_t c = 0; c < d; ++c)
-              q_acc[size_t(c)] += S[size_t(j)] * F(K[kv0 + size_t(j * d + c)]);
+            for (int64_t c = 0; c < d; ++c) q_acc[size_t(c)] += dS[size_t(j)] * F(K[kv(kv0, j, c)]);
           for (int64_t c = 0; c < d; ++c)
             out.dq.data[orow * size_t(d) + size_t(c)] = double(r(scale * q_acc[size_t(c)]));
           if (!full) continue;
-          for (int64_t j = 0; j < n; ++j) {
-            const F pd = !keep[size_t(j)] ? F(0)
-                         : dropping       ? P[size_t(j)] * inv_keep
-                                          : P[size_t(j)];
+          for (int64_t j = 0; j < n; ++j)
             for (int64_t c = 0; c < d; ++c) {
-              dK[kv0 + size_t(j * d + c)] += scale * S[size_t(j)] * q[size_t(c)];
-              dV[kv0 + size_t(j * d + c)] += pd * g[size_t(c)];
+              dK[kv(kv0, j, c)] += scale * dS[size_t(j)] * q[size_t(c)];
+              dV[kv(kv0, j, c)] += S[size_t(j)] * g[size_t(c)];
             }
-          }
         }
       }
   });

@@ -145,10 +145,10 @@ TEST_CASE("bf16: every bf16 survives bf16 -> float -> bf16", "[dtype]") {
 }
 
 TEST_CASE("round_to: matches the bit conversions and is idempotent", "[dtype]") {
-  // The unit roundoff is the gap above 1: 1 + eps is representable, 1 + eps/2 ties to 1.
+  // Machine epsilon 2u is the gap above 1: 1 + 2u is representable, 1 + u ties to 1.
   for (DType t : {DType::f32, DType::f16, DType::bf16}) {
     INFO(dtype_name(t));
-    const double eps = dtype_eps(t);
+    const double eps = 2 * unit_roundoff(t);
     CHECK(round_to(t, 1.0 + eps) == 1.0 + eps);
     CHECK(round_to(t, 1.0 + eps / 2) == 1.0);
     CHECK(round_to(t, 1.0 + 1.5 * eps) == 1.0 + 2 * eps);
@@ -175,11 +175,11 @@ TEST_CASE("round_to: matches the bit conversions and is idempotent", "[dtype]") 
         FAIL("round_to(" << dtype_name(t) << ") not idempotent at " << x << ": " << once << " -> "
                          << twice);
       }
-      // Rounding moves a normal value by at most half a unit (relative eps/2); fp16 and bf16
+      // Rounding moves a normal value by at most the unit roundoff u (relative); fp16 and bf16
       // go through float first, which may add float's own half unit (2^-24).
       const double slack = dtype_bytes(t) == 2 ? 0x1p-24 : 0.0;
       if (std::isfinite(once) && std::fabs(x) > 1e-4 && std::fabs(x) < 6e4)
-        CHECK(std::fabs(once - x) <= (0.5 * dtype_eps(t) + slack) * std::fabs(x));
+        CHECK(std::fabs(once - x) <= (unit_roundoff(t) + slack) * std::fabs(x));
       ++checked;
     }
   }

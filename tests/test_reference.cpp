@@ -2,7 +2,8 @@
 //  - its forward against a brute-force triple loop in long double written here, no Eigen;
 //  - its gradients against central finite differences of L = sum(O o G), where G is dO;
 //  - plain_attention, the yardstick of the harness's tolerance, against the oracle: small
-//    but non-zero error in fp32, larger in fp16 and larger still in bf16.
+//    but non-zero error in fp32, larger in fp16 and larger still in bf16 (LSE, fp32 in every
+//    class, the same in all three).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -275,10 +276,17 @@ TEST_CASE("plain_attention: the tolerance yardstick scales with the dtype", "[re
                   << ebf16[size_t(k)]);
     CHECK(e32[size_t(k)] > 0);  // a float32 computation really happened
     CHECK(e32[size_t(k)] < 1e-5);
+    if (k == 1) {
+      // LSE comes from fp32 S and fp32 statistics in every class (the kernels store it as
+      // fp32): the same error whatever the dtype.
+      CHECK(e16[size_t(k)] == e32[size_t(k)]);
+      CHECK(ebf16[size_t(k)] == e32[size_t(k)]);
+      continue;
+    }
     CHECK(e16[size_t(k)] > 4 * e32[size_t(k)]);
     CHECK(ebf16[size_t(k)] > 2 * e16[size_t(k)]);  // bf16 keeps 3 fewer mantissa bits than fp16
     CHECK(ebf16[size_t(k)] > 100 * e32[size_t(k)]);
-    CHECK(ebf16[size_t(k)] < 0.1);  // still attention, not noise
+    CHECK(ebf16[size_t(k)] < 0.02);  // a few bf16 roundings, not noise
   }
 }
 

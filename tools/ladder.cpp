@@ -35,6 +35,7 @@
 #include "program.hpp"
 #include "rungs.hpp"
 #include "report.hpp"
+#include "verify.hpp"
 
 #ifndef LADDER_SOURCE_DIR
 #define LADDER_SOURCE_DIR ""
@@ -1014,7 +1015,8 @@ constexpr const char* kExitFooter =
 int main_(int argc, char** argv) {
   CLI::App app{
       "ladder — the driver of the attention ladder: list the rungs, run one, compare "
-      "them on the same inputs, diff two .npy files, run the benchmark sweep.",
+      "them on the same inputs, verify outputs computed elsewhere, diff two .npy files, run "
+      "the benchmark sweep.",
       "ladder"};
   app.require_subcommand(1);
   app.footer(std::string("Each verb has its own --help, e.g. `ladder compare --help`.\n") +
@@ -1058,6 +1060,29 @@ int main_(int argc, char** argv) {
       "step's outputs to DIR/NN_name/.\nExit status: 0 every step that ran passed its check, 1 "
       "a step failed, 2 bad input (or no step can run it), 3 no step ran for want of a CUDA "
       "device.");
+
+  CLI::App* verify_cmd = app.add_subcommand(
+      "verify",
+      "judge outputs computed anywhere (your kernel, another library) by the harness's rule: "
+      "the same error/tolerance table and exit status as a rung's run");
+  CommonOptions verify_o;
+  std::string verify_outputs;
+  add_common_options(*verify_cmd, verify_o);
+  verify_cmd
+      ->add_option("--outputs", verify_outputs,
+                   "the outputs to judge: o.npy, lse.npy (float32 or float64, [B, H, M, d] and "
+                   "[B, H, M]) and, for a backward pass, dq.npy, dk.npy, dv.npy")
+      ->type_name("DIR")
+      ->required();
+  for (const std::string& f : verify_unused_flags()) verify_cmd->get_option(f)->group("");
+  verify_cmd->footer(
+      "Needs --load DIR (q.npy, k.npy, v.npy, and do.npy for a backward pass: the inputs the "
+      "outputs came from) and --dtype (the precision they were computed in, which picks the "
+      "yardstick: docs/CONTRACT.md, \"The harness\"). The problem flags (--causal, --scale, "
+      "--dropout, --dropout-seed, --block-mask, --block-sparsity with --seed, --mask-block) "
+      "must be the ones the outputs were computed with. --check full (default auto: sampled "
+      "rows above 4 GFLOP, every element still scanned for NaN/Inf).\n" +
+      std::string(kExitFooter));
 
   CLI::App* diff = app.add_subcommand(
       "diff", "how far two .npy arrays are apart: max abs and relative error, and where");
@@ -1197,6 +1222,14 @@ int main_(int argc, char** argv) {
       return kExitBadInput;
     }
     return guarded([&] { return cmd_compare(ca); });
+  }
+  if (verify_cmd->parsed()) {
+    for (const std::string& f : verify_unused_flags())
+      if (verify_cmd->get_option(f)->count()) {
+        std::cerr << "error: verify judges outputs that exist; " << f << " has no meaning here\n";
+        return kExitBadInput;
+      }
+    return guarded([&] { return verify_outputs_cli(verify_o, verify_outputs); });
   }
   if (diff->parsed())
     return guarded([&] { return cmd_diff(diff_a, diff_b, tol_opt->count() > 0, tol); });

@@ -1,0 +1,110 @@
+#include "verify.hpp"
+
+#include <filesystem>
+#include <iostream>
+
+#include "error.hpp"
+#include "memory.hpp"
+#include "npy.hpp"
+#include "program.hpp"
+
+namespace ladder {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+// One output file: its header must give exactly the shape the problem implies (checked before
+// its data is read).
+Tensor read_output(const std::string& dir, const char* name, const std::vector<int64_t>& shape) {
+  const std::string path = (fs::path(dir) / name).string();
+  const NpyHeader h = read_npy_header(path);
+  if (h.shape != shape)
+    throw BadInput("--outputs " + path + " has shape " + shape_str(h.shape) + "; the inputs give " +
+                   shape_str(shape));
+  return read_npy(path, h);
+}
+
+// Whether the outputs hold a backward pass: dq.npy, dk.npy and dv.npy all present, or none.
+bool outputs_have_backward(const std::string& dir) {
+  int found = 0;
+  for (const char* n : {"dq.npy", "dk.npy", "dv.npy"}) {
+    std::error_code ec;
+    found += fs::exists(fs::path(dir) / n, ec);
+  }
+  if (found != 0 && found != 3)
+    throw BadInput("--outputs " + dir +
+                   ": dq.npy, dk.npy and dv.npy come together (all three for a backward pass, "
+                   "none for a forward pass)");
+  return found == 3;
+}
+
+}  // namespace
+
+const std::vector<std::string>& verify_unused_flags() {
+  static const std::vector<std::string> flags = {"--save",   "--save-f64", "--repeats",
+                                                 "--warmup", "--variant",  "--tile-q",
+                                                 "--tile-k", "--inputs",   "--verbose"};
+  return flags;
+}
+
+int verify_outputs_cli(const CommonOptions& o, const std::string& outputs_dir) {
+  if (o.load.empty())
+    throw BadInput(
+        "verify needs --load DIR: the inputs q.npy, k.npy, v.npy (and do.npy) the "
+        "outputs were computed from");
+  if (o.dtype.empty())
+    throw BadInput(
+        "verify needs --dtype fp64|fp32|fp16|bf16: the precision the outputs were "
+        "computed in (it picks the yardstick)");
+  std::error_code ec;
+  if (!fs::is_directory(outputs_dir, ec))
+    throw BadInput("--outputs " + outputs_dir + ": not a directory");
+  Problem p = resolve_problem(o, DType::f32);
+  const bool backward = outputs_have_backward(outputs_dir);
+  if (p.backward && !backward)
+    throw BadInput("--backward: --outputs " + outputs_dir + " has no dq.npy, dk.npy, dv.npy");
+  p.backward = backward;
+  const CheckMode mode = check_options(o, p);
+  if (mode == CheckMode::none) throw BadInput("verify checks: --check none has no meaning here");
+  // Inputs, outputs, the oracle's and the yardstick's outputs, all in float64.
+  const double outputs =
+      double(p.q_numel() + p.rows()) + (p.backward ? double(p.q_numel() + 2 * p.kv_numel()) : 0.0);
+  const double bytes = 8.0 * (double(p.q_numel()) + 2.0 * double(p.kv_numel()) +
+                              (p.backward ? double(p.q_numel()) : 0.0) + 3.0 * outputs);
+  if (bytes > 0.9 * available_host_bytes())
+    throw BadInput("verify needs about " + std::to_string(int64_t(bytes / (1 << 20))) +
+                   " MiB of host memory; " +
+                   std::to_string(int64_t(available_host_bytes() / (1 << 20))) + " MiB available");
+
+  const Inputs in = obtain_inputs(o, p);
+  Outputs got;
+  const std::vector<int64_t> qshape = {p.batch, p.heads, p.seq_q, p.dim},
+                             kvshape = {p.batch, p.heads_kv, p.seq_k, p.dim};
+  got.o = read_output(outputs_dir, "o.npy", qshape);
+  got.lse = read_output(outputs_dir, "lse.npy", {p.batch, p.heads, p.seq_q});
+  if (p.backward) {
+    got.dq = read_output(outputs_dir, "dq.npy", qshape);
+    got.dk = read_output(outputs_dir, "dk.npy", kvshape);
+    got.dv = read_output(outputs_dir, "dv.npy", kvshape);
+  }
+  const CheckReport rep = verify(p, in, got, mode);
+  std::cout << "verify " << outputs_dir << ": " << p.describe() << "\n"
+            << "  check vs float64 oracle (" << rep.mode << "), yardstick " << dtype_name(p.dtype)
+            << "\n"
+            << rep.summary();
+  if (!rep.pass) {
+    std::cout << "FAIL: " << rep.first_failure() << "\n";
+    return kExitCheckFailed;
+  }
+  std::cout << "PASS\n";
+  return kExitOk;
+}
+
+}  // namespace ladder
