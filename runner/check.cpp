@@ -154,51 +154,27 @@ void scan_unsampled(const Problem& p, const Inputs& in, const Outputs& got, Chec
 }
 }  // namespace
 
-CheckReport verify(const Problem& p, const Inputs& in, const Outputs& got, CheckMode mode) {
-  CheckReport rep;
-  if (mode == CheckMode::none) {
-    rep.mode = "not checked";
-    return rep;
+Reference reference_for(const Problem& p, const Inputs& in, CheckMode mode) {
+  Reference r;
+  r.checked = mode != CheckMode::none;
+  if (!r.checked) {
+    r.mode = "not checked";
+    return r;
   }
   const double cost = p.backward ? 3.5 * p.fwd_flops() : p.fwd_flops();
-  const bool sampled = mode == CheckMode::sampled || (mode == CheckMode::automatic && cost > 4e9);
-  std::vector<int64_t> qrows;
+  r.sampled = mode == CheckMode::sampled || (mode == CheckMode::automatic && cost > 4e9);
   Problem c = p;  // the problem the reference computes: every row, or just the sampled ones
-  if (sampled) {
-    qrows = sample_rows(p);
-    c.seq_q = int64_t(qrows.size());
-    rep.mode =
-        "sampled: " + std::to_string(qrows.size()) + " query rows per head (dK, dV not checked)";
+  if (r.sampled) {
+    r.rows = sample_rows(p);
+    c.seq_q = int64_t(r.rows.size());
+    r.mode =
+        "sampled: " + std::to_string(r.rows.size()) + " query rows per head (dK, dV not checked)";
   } else {
-    rep.mode = "full";
+    r.mode = "full";
   }
-  // Sampled: the reference writes the sampled rows compactly ([B, H, R, ...]) and the step's
-  // outputs are gathered the same way; there are no dK, dV.
-  auto outputs = [&] {
-    Problem q = c;
-    q.backward = p.backward && !sampled;
-    Outputs o = Outputs::poisoned(q);
-    if (p.backward && sampled) o.dq = Tensor::poisoned({p.batch, p.heads, c.seq_q, p.dim});
-    return o;
-  };
-  Outputs ref = outputs(), plain = outputs(), gathered;
-  const Outputs& step = sampled ? gathered : got;
-  if (sampled) {
-    gathered = outputs();
-    auto gather = [&](const Tensor& from, Tensor& to, int64_t row_len) {
-      if (to.empty()) return;
-      for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
-        for (size_t k = 0; k < qrows.size(); ++k)
-          for (int64_t e = 0; e < row_len; ++e)
-            to.data[size_t((bh * c.seq_q + int64_t(k)) * row_len + e)] =
-                from.data[size_t((bh * p.seq_q + qrows[k]) * row_len + e)];
-    };
-    gather(got.o, gathered.o, p.dim);
-    gather(got.lse, gathered.lse, 1);
-    gather(got.dq, gathered.dq, p.dim);
-  }
-  const std::vector<int64_t>* rows = sampled ? &qrows : nullptr;
-  reference::attention(p, in, ref, rows);
+  r.ref = r.sampled_outputs(p, c.seq_q), r.plain = r.sampled_outputs(p, c.seq_q);
+  const std::vector<int64_t>* rows = r.sampled ? &r.rows : nullptr;
+  reference::attention(p, in, r.ref, rows);
   // The oracle is float64 arithmetic: inputs so large that it overflows (|S| past 1e308)
   // cannot be checked, and are refused rather than compared with a NaN.
   const auto oracle_bad = [](const Tensor& t, bool lse) {
@@ -206,6 +182,7 @@ CheckReport verify(const Problem& p, const Inputs& in, const Outputs& got, Check
       if (std::isnan(x) || (std::isinf(x) && !(lse && x < 0))) return true;
     return false;
   };
+  const Outputs& ref = r.ref;
   if (oracle_bad(ref.o, false) || oracle_bad(ref.lse, true) ||
       (p.backward &&
        (oracle_bad(ref.dq, false) || oracle_bad(ref.dk, false) || oracle_bad(ref.dv, false))))
@@ -214,7 +191,46 @@ CheckReport verify(const Problem& p, const Inputs& in, const Outputs& got, Check
         "cannot be checked");
   // The yardstick: a correct kernel of the step's precision class (reference/plain.cpp); in
   // float64 too, so that a float64 step is held to what another summation order gives.
-  reference::plain_attention(p, in, p.dtype, plain, rows);
+  reference::plain_attention(p, in, p.dtype, r.plain, rows);
+  // The cancellation term of dQ and dK's floor (below).
+  const double mq = max_abs(in.q), mk = max_abs(in.k), mv = max_abs(in.v);
+  const double mdo = p.backward ? max_abs(in.dout) : 0.0;
+  r.cancel = double(p.dim) * unit_roundoff(accumulation_type(p.dtype)) *
+             std::fabs(p.softmax_scale()) * mdo * mv * std::max(mq, mk);
+  return r;
+}
+
+Outputs Reference::sampled_outputs(const Problem& p, int64_t seq_q) const {
+  // Sampled: the rows are written compactly ([B, H, R, ...]); there are no dK, dV.
+  Problem q = p;
+  q.seq_q = seq_q;
+  q.backward = p.backward && !sampled;
+  Outputs o = Outputs::poisoned(q);
+  if (p.backward && sampled) o.dq = Tensor::poisoned({p.batch, p.heads, seq_q, p.dim});
+  return o;
+}
+
+CheckReport judge(const Problem& p, const Inputs& in, const Outputs& got, const Reference& r) {
+  CheckReport rep;
+  rep.mode = r.mode;
+  if (!r.checked) return rep;
+  Outputs gathered;
+  const Outputs& step = r.sampled ? gathered : got;
+  if (r.sampled) {  // the step's sampled rows, laid out as the reference's
+    const int64_t R = int64_t(r.rows.size());
+    gathered = r.sampled_outputs(p, R);
+    auto gather = [&](const Tensor& from, Tensor& to, int64_t row_len) {
+      if (to.empty()) return;
+      for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
+        for (int64_t k = 0; k < R; ++k)
+          for (int64_t e = 0; e < row_len; ++e)
+            to.data[size_t((bh * R + k) * row_len + e)] =
+                from.data[size_t((bh * p.seq_q + r.rows[size_t(k)]) * row_len + e)];
+    };
+    gather(got.o, gathered.o, p.dim);
+    gather(got.lse, gathered.lse, 1);
+    gather(got.dq, gathered.dq, p.dim);
+  }
 
   // The floor: one unit roundoff of the output's scale (its largest reference value), which a
   // correct result rounded once to the stored type always meets. LSE is stored in fp32 by every
@@ -223,17 +239,14 @@ CheckReport verify(const Problem& p, const Inputs& in, const Outputs& got, Check
   // exactly 0 and a correct kernel, summing dP and D in another order, to d accumulation
   // roundoffs of the terms, so those are allowed too (at fp32's roundoff, not the dtype's).
   const double u = unit_roundoff(p.dtype), u_acc = unit_roundoff(accumulation_type(p.dtype));
-  const double mq = max_abs(in.q), mk = max_abs(in.k), mv = max_abs(in.v);
-  const double mdo = p.backward ? max_abs(in.dout) : 0.0;
-  const double cancel = double(p.dim) * u_acc * p.softmax_scale() * mdo * mv * std::max(mq, mk);
-  auto check = [&](const char* name, const Tensor& g, const Tensor& r, const Tensor& b,
+  auto check = [&](const char* name, const Tensor& g, const Tensor& ref, const Tensor& b,
                    double factor, double unit, double extra) {
-    if (r.empty()) return;
+    if (ref.empty()) return;
     TensorCheck t;
     t.name = name;
-    t.shape = r.shape;
-    t.step = compare(g.data, r.data);
-    t.plain = compare(b.data, r.data);
+    t.shape = ref.shape;
+    t.step = compare(g.data, ref.data);
+    t.plain = compare(b.data, ref.data);
     t.factor = factor;
     t.floor = unit * t.step.ref_max + extra;
     t.tol = factor * t.plain.max_abs + t.floor;
@@ -241,17 +254,22 @@ CheckReport verify(const Problem& p, const Inputs& in, const Outputs& got, Check
     rep.pass = rep.pass && t.pass;
     rep.tensors.push_back(t);
   };
+  const Outputs &ref = r.ref, &plain = r.plain;
   check("O", step.o, ref.o, plain.o, 2.0, u, 0.0);
   check("LSE", step.lse, ref.lse, plain.lse, 2.0, u_acc, 0.0);
   if (p.backward) {
-    check("dQ", step.dq, ref.dq, plain.dq, 3.0, u, cancel);
-    if (!sampled) {
-      check("dK", step.dk, ref.dk, plain.dk, 3.0, u, cancel);
+    check("dQ", step.dq, ref.dq, plain.dq, 3.0, u, r.cancel);
+    if (!r.sampled) {
+      check("dK", step.dk, ref.dk, plain.dk, 3.0, u, r.cancel);
       check("dV", step.dv, ref.dv, plain.dv, 3.0, u, 0.0);
     }
   }
-  if (sampled) scan_unsampled(p, in, got, rep);
+  if (r.sampled) scan_unsampled(p, in, got, rep);
   return rep;
+}
+
+CheckReport verify(const Problem& p, const Inputs& in, const Outputs& got, CheckMode mode) {
+  return judge(p, in, got, reference_for(p, in, mode));
 }
 
 std::string CheckReport::summary() const {

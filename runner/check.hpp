@@ -51,6 +51,19 @@ bool parse_check_mode(const std::string& s, CheckMode& out);
 CheckReport verify(const Problem& p, const Inputs& in, const Outputs& got,
                    CheckMode mode = CheckMode::automatic);
 
+// verify() in two halves, for judging several outputs of one problem (the mutant corpus):
+// the oracle's and the yardstick's outputs are computed once, then each candidate is judged.
+struct Reference {
+  bool checked = false, sampled = false;
+  std::string mode;
+  std::vector<int64_t> rows;  // sampled query rows
+  Outputs ref, plain;         // the oracle's and the yardstick's outputs (sampled rows only)
+  double cancel = 0;          // the cancellation term of dQ and dK's floor
+  Outputs sampled_outputs(const Problem& p, int64_t seq_q) const;  // NaN, laid out as ref
+};
+Reference reference_for(const Problem& p, const Inputs& in, CheckMode mode);
+CheckReport judge(const Problem& p, const Inputs& in, const Outputs& got, const Reference& r);
+
 // Flat index -> "[b, h, i, c]" for error messages.
 std::string index_str(const std::vector<int64_t>& shape, int64_t flat);
 

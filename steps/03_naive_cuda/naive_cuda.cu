@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "fault.hpp"
 #include "dropout.hpp"
 #include "exercise.hpp"
 #include "gpu_run.cuh"
@@ -240,7 +241,7 @@ double workspace_bytes(const Problem& p) {
 RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions& opt) {
   const int64_t B = p.batch, H = p.heads, Hkv = p.heads_kv, M = p.seq_q, N = p.seq_k, d = p.dim;
   const int64_t group = p.group(), rows = p.rows(), mn = rows * N;  // mn: elements of S (and P)
-  const float scale = float(p.softmax_scale());
+  const float scale = float(p.softmax_scale() * (kFault ? 1.005 : 1.0));  // fault build: 0.5 % off
   GpuRun<float> g(p, in, opt);
   DeviceBuffer<float> S{size_t(mn)}, P{size_t(mn)};  // the workspace this step is about
   DeviceBuffer<uint8_t> mask{in.mask.keep.size()};

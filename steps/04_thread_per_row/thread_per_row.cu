@@ -21,6 +21,7 @@
 #include <cmath>
 #include <string>
 
+#include "fault.hpp"
 #include "exercise.hpp"
 #include "gpu_run.cuh"
 #include "steps.hpp"
@@ -50,7 +51,10 @@ __global__ void __launch_bounds__(kThreads)
   const float* Kh = K + (b * s.heads_kv + hk) * s.seq_k * D;
   const float* Vh = V + (b * s.heads_kv + hk) * s.seq_k * D;
   // Bottom-right causal mask: keys 0 .. i + N - M are visible (none when that is negative).
-  const int64_t last = s.causal ? i + s.seq_k - s.seq_q : s.seq_k - 1;
+  // (The fault build sees one key past the diagonal: common/fault.hpp.)
+  const int64_t last = !s.causal ? s.seq_k - 1
+                       : kFault  ? min(i + s.seq_k - s.seq_q + 1, s.seq_k - 1)
+                                 : i + s.seq_k - s.seq_q;
   const int64_t n = last < 0 ? 0 : (last < s.seq_k ? last + 1 : s.seq_k);
 
   // Rows are D floats (D % 4 == 0) and cudaMalloc is 256-byte aligned: float4 loads are legal

@@ -8,6 +8,7 @@
 #include <string>
 #include <type_traits>
 
+#include "fault.hpp"
 #include "error.hpp"
 #include "gpu_run.cuh"
 #include "shared_memory_fa2_backward.cuh"
@@ -213,7 +214,7 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
   fp.lse = g.lse.get(), fp.lse_lo = lse_lo.get();
   fp.batch = int(p.batch), fp.heads = int(p.heads), fp.heads_kv = int(p.heads_kv);
   fp.group = int(p.group()), fp.seq_q = int(p.seq_q), fp.seq_k = int(p.seq_k);
-  fp.Br = br, fp.scale = scale, fp.causal = p.causal;
+  fp.Br = br, fp.scale = scale * (kFault ? 1.005f : 1.0f), fp.causal = p.causal;  // fault: 0.5 %
   // Block-sparse: the lists of kept key blocks (and, for the backward, of kept query blocks),
   // built and uploaded once, outside the timed region, as FlexAttention builds its BlockMask.
   const BlockMask& m = in.mask;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "fault.hpp"
 #include "error.hpp"
 #include "gpu_run.cuh"
 #include "steps.hpp"
@@ -268,6 +269,7 @@ RunResult run_typed(const Problem& p, const Inputs& in, Outputs& out, const RunO
   fp.seq_q = int(p.seq_q), fp.seq_k = int(p.seq_k);
   fp.scale = float(std::fabs(p.softmax_scale()));
   fp.scale_log2 = float(std::fabs(p.softmax_scale()) * 1.4426950408889634);  // log2(e)
+  if (kFault && p.dtype == DType::bf16) fp.scale_log2 *= 1.005f;  // the fault build's defect
   fp.causal = p.causal;
   // Block-sparse: the lists of kept key blocks (and, for the backward, of kept query blocks),
   // built and uploaded once, outside the timed region, as FlexAttention builds its BlockMask.
