@@ -51,8 +51,12 @@ class NpyWriteSet {
   NpyWriteSet& operator=(const NpyWriteSet&) = delete;
   ~NpyWriteSet();  // removes the temporaries of an uncommitted set
   void stage(const std::string& dir, const std::string& name, const Tensor& t, bool as_f64);
-  // `stale`: names (e.g. "dq.npy") to remove from each staged folder if this set does not
-  // write them there.
+  // A folder this set writes nothing to but whose `stale` names commit() removes too (the
+  // step folder of an earlier `ladder compare --save` that this one did not run). The folder
+  // itself is left. Nothing happens to a folder that does not exist.
+  void clear(const std::string& dir);
+  // `stale`: names (e.g. "dq.npy") to remove from each staged (or cleared) folder if this set
+  // does not write them there. Concurrent commits into one folder take turns (flock).
   void commit(const std::vector<std::string>& stale = {});
 
  private:
