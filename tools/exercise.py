@@ -24,7 +24,7 @@ the same harness grades it.
   tools/exercise.py diff 2                    the copy against the solution
   tools/exercise.py create 2 --force          start over (the old copy is kept in a backup)
 
---dir may not be steps/ or a folder holding it. Only folders this tool made are ever removed.
+--dir may not be steps/ or a folder inside it. Only folders this tool made are ever removed.
 
 Relative --dir and --build paths are taken from the repository root, as CMake takes
 LADDER_EXERCISES. Exit status: 0 ok (grade: PASS: at least one case ran, every one passed), 1
@@ -333,14 +333,14 @@ def exercise_text(lines, regions):
 
 
 def check_exercise_dir(root, dest):
-    """Refuses an exercise folder that is, holds or lies inside the steps/ folder or the
-    repository's own source folders: a copy there would replace the solution it is made from."""
+    """Refuses an exercise folder in the steps/ folder (or a copy that would be steps/ or hold
+    it): a copy there would replace the solution it is made from."""
     r, d = root.resolve(), dest.resolve()
     steps_dir = STEPS.resolve()
-    if r == steps_dir or steps_dir in r.parents or r in steps_dir.parents:
-        raise UsageError(f"--dir {rel(root)}: the exercise copies cannot go in or above "
-                         f"{rel(STEPS)}/ (the copy would replace the solution it is made "
-                         "from); use a folder of its own, e.g. --dir exercises")
+    if r == steps_dir or steps_dir in r.parents or d == steps_dir or d in steps_dir.parents:
+        raise UsageError(f"--dir {rel(root)}: the exercise copies cannot go in {rel(STEPS)}/ "
+                         "(the copy would replace the solution it is made from); use a folder "
+                         "of its own, e.g. --dir exercises")
     if d.exists() and not d.is_dir():
         raise UsageError(f"{rel(dest)} exists and is not a folder; it was left as it is")
 
