@@ -136,7 +136,8 @@ class HeaderParser {
     fail("'fortran_order' must be True or False");
   }
   std::vector<int64_t> tuple() {
-    expect('(');
+    if (peek() != '(') fail("'shape' must be a tuple, (n, ...)");
+    ++i_;
     std::vector<int64_t> v;
     bool comma_after_last = false;
     skip();
