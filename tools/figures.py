@@ -947,6 +947,10 @@ def main(argv=None):
     data = [(p, load(p)) for p in files]
     data = [(p, rows) for p, rows in data if rows]
     all_ceilings = load_ceilings(results / CEILINGS_FILE)
+    if files and not data:  # files there, none usable: an error, not "no results yet"
+        print(f"figures: error: no usable row in {', '.join(shown(p) for p in files)} (see "
+              f"above); {readme.name} and the figures were left as they are", file=sys.stderr)
+        return 2
     if not data:
         changed = update_readme(readme, NO_RESULTS)
         print(f"figures: no results in {results}: {readme.name} says so"
@@ -994,5 +998,16 @@ def main(argv=None):
     return 0
 
 
+def main_or_exit(argv=None):
+    """main(), with a file that cannot be read or written said plainly (exit 2), not a
+    traceback."""
+    try:
+        return main(argv)
+    except OSError as e:
+        print(f"figures: error: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""),
+              file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main_or_exit())

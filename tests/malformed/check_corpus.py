@@ -253,6 +253,11 @@ def second_pass(tmp, good):
     case("figures_readme_csv", [py, fig, "--results", os.path.join(fd, "results"), "--readme",
                                 os.path.join(fd, "results.csv"), "--figures",
                                 os.path.join(fd, "figs")], 2)
+    os.makedirs(os.path.join(fd, "broken"))
+    write(os.path.join(fd, "broken", "h100.csv"), (header + "02,fp32,x\n").encode())
+    case("figures_no_usable_row", [py, fig, "--results", os.path.join(fd, "broken"), "--readme",
+                                   os.path.join(fd, "README.md"), "--figures",
+                                   os.path.join(fd, "figs")], 2)
     case("figures_readme_missing", [py, fig, "--results", os.path.join(fd, "results"),
                                     "--readme", os.path.join(fd, "READ.md"), "--figures",
                                     os.path.join(fd, "figs")], 2)
