@@ -452,9 +452,9 @@ int cmd_compare(const CompareArgs& a) {
   const CheckMode mode = check_options(o, p);
   const std::vector<const Rung*> selected = select_rungs(a.steps);
   check_outputs({{"--csv", a.csv}});
-  if (!o.save.empty())
-    for (const Rung* rung : selected)
-      check_save_target((fs::path(o.save) / rung->name).string(), "--save");
+  if (!o.save.empty())  // every rung's folder: this run writes some, clears the others
+    for (const Rung& rung : rungs())
+      check_save_target((fs::path(o.save) / rung.name).string(), "--save");
   ResultsCsv csv(a.csv);
   // The inputs are shared, so the largest need of any step decides whether they can be made.
   double need = 0;
@@ -823,7 +823,7 @@ int cmd_bench(BenchArgs a) {
 
   // Which steps take part, and why the others do not (said once, not once per point).
   std::vector<std::string> notes;
-  std::vector<const Step*> steps;
+  std::vector<const Step*> steps, absent;  // absent: built, but no device here to run on
   std::vector<std::string> cpu_capped, fwd_only;
   int no_device = 0;
   const bool cap_cpu = a.preset == "flash" && !explicit_steps;
@@ -835,7 +835,7 @@ int cmd_bench(BenchArgs a) {
     }
     if (const std::string why = cannot_run_here(*r->step); !why.empty()) {
       notes.push_back("not run: " + r->name + ": " + why);
-      ++no_device;
+      absent.push_back(r->step);  // its points are still checked: bad input is exit 2, not 3
       continue;
     }
     steps.push_back(r->step);
@@ -855,20 +855,22 @@ int cmd_bench(BenchArgs a) {
   // machine's memory, is skipped here, before any inputs are made.
   std::vector<BenchPoint> points;
   std::map<std::string, int> unsupported;  // reason -> points, said once
+  std::vector<const Step*> candidates = steps;
+  candidates.insert(candidates.end(), absent.begin(), absent.end());
   size_t group = 0;
   for (int64_t seq : a.seqlens)
     for (int64_t dim : a.dims)
       for (const BlockSparsity& sparsity : sparsities) {
         std::vector<DType> group_dtypes = dtypes;  // default: each step's own dtype
         if (group_dtypes.empty())
-          for (const Step* s : steps)
+          for (const Step* s : candidates)
             if (std::find(group_dtypes.begin(), group_dtypes.end(), s->default_dtype()) ==
                 group_dtypes.end())
               group_dtypes.push_back(s->default_dtype());
         for (DType t : group_dtypes)
           for (int causal : a.causal)
             for (double dropout : a.dropouts)
-              for (const Step* s : steps) {
+              for (const Step* s : candidates) {
                 if (dtypes.empty() && s->default_dtype() != t) continue;
                 if (s->device == Device::cpu && cap_cpu && seq > 1024) continue;
                 for (int bwd = 0; bwd < 2; ++bwd) {
@@ -898,6 +900,10 @@ int cmd_bench(BenchArgs a) {
                     }
                     if (!why.empty()) {
                       ++unsupported[why];
+                      continue;
+                    }
+                    if (std::find(absent.begin(), absent.end(), s) != absent.end()) {
+                      ++no_device;  // a good point, on a step with no device here
                       continue;
                     }
                     points.push_back({s, p, group, variant});
