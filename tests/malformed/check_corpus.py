@@ -478,7 +478,9 @@ def estimate_within_2x(tmp):
     """The memory a run is estimated to need is within 2x of what it peaks at (a full check of
     a long key sequence, where the oracle's scratch dominates)."""
     import re
-    import resource
+    if "ASAN_OPTIONS" in os.environ:  # the asan build: its shadow memory is not the run's
+        print("ok   %-34s not measured under AddressSanitizer" % "memory_estimate_within_2x")
+        return False
     argv = [os.path.join(BIN, "01_three_pass_softmax"), "--heads", "2", "--seq-q", "64",
             "--seq-k", "150000", "--dim", "1", "--repeats", "1", "--warmup", "0"]
     env = dict(os.environ, LADDER_HOST_MEMORY="1")
