@@ -1,8 +1,9 @@
 // NumPy .npy files: float32 or float64 (and, for block masks, bool/uint8/int) in C order,
-// little-endian. Reading validates everything (a regular file, magic, header, dtype, order,
-// size) and throws BadInput with the reason; the header is read first, so the shape can be
-// checked against the limits and the memory before the data is read, and the data is read
-// straight into the tensor (no copy of the file in memory). Writing is all or nothing.
+// little-endian. Reading validates everything (a regular file, magic, the header by NumPy's
+// grammar, dtype, order, size against the file) and throws BadInput with the reason; the header is
+// read first, so the shape can be checked against the limits and the memory before the data is
+// read, and the data is read straight into the tensor (no copy of the file in memory). Writing is
+// all or nothing.
 #pragma once
 #include <cstdint>
 #include <string>
