@@ -1,25 +1,107 @@
 #include "cli.hpp"
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
+#include <sstream>
 
 #include "error.hpp"
 
 namespace ladder {
 
+namespace {
+std::string fmt_plain(double x) {
+  std::ostringstream o;
+  o << x;
+  return o.str();
+}
+
+// The one check behind every numeric flag: the whole text is one number, with nothing else
+// around it (an empty value, a space, a trailing letter are refused, never read as 0 or as
+// the default), a sign only where the flag's range allows one, and within [lo, hi].
+std::string number_text_error(const std::string& s, bool integer, bool negative_ok) {
+  if (s.empty()) return "an empty value is not a number";
+  for (unsigned char c : s)
+    if (std::isspace(c)) return "'" + s + "' has a space in it; give just the number";
+  const bool digits_only =
+      s.find_first_not_of(integer ? "+-0123456789" : "+-0123456789.eE") == std::string::npos;
+  if (!digits_only) return "'" + s + "' is not " + (integer ? "a whole number" : "a number");
+  if (s[0] == '-' && !negative_ok) return "'" + s + "' is negative";
+  return "";
+}
+}  // namespace
+
+std::string integer_error(const std::string& s, int64_t lo, int64_t hi, int64_t* value) {
+  if (std::string e = number_text_error(s, true, lo < 0); !e.empty()) return e;
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (end == s.c_str() || *end != '\0') return "'" + s + "' is not a whole number";
+  if (errno == ERANGE) return s + " does not fit in 64 bits";
+  if (v < lo || v > hi)
+    return s + " is out of range: give a whole number from " + std::to_string(lo) + " to " +
+           std::to_string(hi);
+  if (value) *value = v;
+  return "";
+}
+
+CLI::Validator integer_in(int64_t lo, int64_t hi) {
+  return CLI::Validator([lo, hi](std::string& s) { return integer_error(s, lo, hi, nullptr); },
+                        "INT");
+}
+
 const CLI::Validator& strict_integer() {
+  static const CLI::Validator v =
+      integer_in(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
+  return v;
+}
+
+const CLI::Validator& unsigned_integer() {
   static const CLI::Validator v(
       [](std::string& s) -> std::string {
+        if (std::string e = number_text_error(s, true, false); !e.empty()) return e;
         errno = 0;
         char* end = nullptr;
-        (void)std::strtoll(s.c_str(), &end, 10);
-        if (s.empty() || *end != '\0') return "'" + s + "' is not a whole number";
+        (void)std::strtoull(s.c_str(), &end, 10);
+        if (end == s.c_str() || *end != '\0') return "'" + s + "' is not a whole number >= 0";
         if (errno == ERANGE) return s + " does not fit in 64 bits";
         return "";
       },
-      "INT");
+      "N");
+  return v;
+}
+
+CLI::Validator real_in(double lo, double hi, bool hi_open) {
+  return CLI::Validator(
+      [lo, hi, hi_open](std::string& s) -> std::string {
+        if (std::string e = number_text_error(s, false, lo < 0); !e.empty()) return e;
+        char* end = nullptr;
+        const double x = std::strtod(s.c_str(), &end);
+        if (end == s.c_str() || *end != '\0' || !std::isfinite(x))
+          return "'" + s + "' is not a finite number";
+        if (x < lo || x > hi || (hi_open && x == hi))
+          return s + " is out of range: give a number in [" + fmt_plain(lo) + ", " + fmt_plain(hi) +
+                 (hi_open ? ")" : "]");
+        return "";
+      },
+      "X");
+}
+
+const CLI::Validator& nonempty() {
+  static const CLI::Validator v(
+      [](std::string& s) -> std::string {
+        if (s.empty()) return "an empty value is not accepted (leave the flag out for its default)";
+        for (unsigned char c : s)
+          if (std::isspace(c) && c != ' ') return "the value has a tab or newline in it";
+        if (std::isspace(static_cast<unsigned char>(s.front())) ||
+            std::isspace(static_cast<unsigned char>(s.back())))
+          return "'" + s + "' starts or ends with a space";
+        return "";
+      },
+      "TEXT");
   return v;
 }
 
@@ -27,29 +109,15 @@ namespace {
 const CLI::Validator& nonzero_finite() {
   static const CLI::Validator v(
       [](std::string& s) -> std::string {
+        if (std::string e = number_text_error(s, false, true); !e.empty()) return e;
         char* end = nullptr;
         const double x = std::strtod(s.c_str(), &end);
-        if (s.empty() || *end != '\0' || !std::isfinite(x))
+        if (end == s.c_str() || *end != '\0' || !std::isfinite(x))
           return "'" + s + "' is not a finite number";
         if (x == 0.0) return "must be non-zero (leave --scale out for 1/sqrt(dim))";
         return "";
       },
       "X");
-  return v;
-}
-
-const CLI::Validator& unsigned_integer() {
-  static const CLI::Validator v(
-      [](std::string& s) -> std::string {
-        errno = 0;
-        char* end = nullptr;
-        (void)std::strtoull(s.c_str(), &end, 10);
-        if (s.empty() || *end != '\0' || s[0] == '-')
-          return "'" + s + "' is not a whole number >= 0";
-        if (errno == ERANGE) return s + " does not fit in 64 bits";
-        return "";
-      },
-      "N");
   return v;
 }
 }  // namespace
@@ -62,13 +130,13 @@ void parse_sparsity(const std::string& spec, const std::string& file, const std:
   if (!block.empty()) {
     const size_t x = block.find('x');
     auto num = [&](const std::string& t) {
-      char* end = nullptr;
-      errno = 0;
-      const long long v = std::strtoll(t.c_str(), &end, 10);
-      if (t.empty() || *end != '\0' || errno == ERANGE || v < 1 || v > kMaxExtent)
-        throw BadInput("--mask-block must be N or NxM with positive whole numbers (got '" + block +
-                       "')");
-      return int64_t(v);
+      int64_t v = 0;
+      if (!integer_error(t, 1, kMaxExtent, &v).empty())
+        throw BadInput(
+            "--mask-block must be N or NxM with whole numbers from 1 to 2^31 - 1 "
+            "(got '" +
+            block + "')");
+      return v;
     };
     out.block_q = num(block.substr(0, x));
     out.block_k = x == std::string::npos ? out.block_q : num(block.substr(x + 1));
@@ -86,18 +154,18 @@ void parse_sparsity(const std::string& spec, const std::string& file, const std:
   const size_t colon = spec.find(':');
   const std::string kind = spec.substr(0, colon),
                     arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
-  char* end = nullptr;
   if (kind == "random") {
-    const double rho = std::strtod(arg.c_str(), &end);
-    if (arg.empty() || *end != '\0' || !(rho >= 0.0 && rho <= 1.0))
+    static const CLI::Validator rho_in = real_in(0.0, 1.0, false);
+    std::string text = arg;
+    if (!rho_in(text).empty())
       throw BadInput("--block-sparsity random:RHO needs RHO in [0, 1] (got '" + spec + "')");
     out.kind = BlockSparsity::Kind::random;
-    out.density = rho;
+    out.density = std::strtod(arg.c_str(), nullptr);
   } else if (kind == "local") {
-    errno = 0;
-    const long long w = std::strtoll(arg.c_str(), &end, 10);
-    if (arg.empty() || *end != '\0' || errno == ERANGE || w < 1 || w > kMaxExtent)
-      throw BadInput("--block-sparsity local:W needs a whole number W >= 1 (got '" + spec + "')");
+    int64_t w = 0;
+    if (!integer_error(arg, 1, kMaxExtent, &w).empty())
+      throw BadInput("--block-sparsity local:W needs a whole number W from 1 to 2^31 - 1 (got '" +
+                     spec + "')");
     out.kind = BlockSparsity::Kind::local;
     out.width = w;
   } else {
@@ -124,6 +192,7 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
       ->check(nonzero_finite())
       ->group(g);
   app.add_option("--dtype", o.dtype, "fp64 | fp32 | fp16 | bf16 (default: the step's first)")
+      ->check(nonempty())
       ->group(g);
   app.add_option("--seed", o.p.seed, "seed of the generated inputs (and of a random block mask)")
       ->check(unsigned_integer())
@@ -132,12 +201,13 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_option("--inputs", o.inputs,
                  "generated input kind: normal | large (logits in the hundreds)")
       ->capture_default_str()
+      ->check(nonempty())
       ->group(g);
   app.add_flag("--backward", o.p.backward, "also run the backward pass (dQ, dK, dV; needs dO)")
       ->group(g);
   app.add_option("--dropout", o.p.dropout,
                  "dropout rate P in [0, 1) on the attention weights (kept ones scaled by 1/(1-P))")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(real_in(0.0, 1.0, true))
       ->group(g);
   app.add_option("--dropout-seed", o.p.dropout_seed, "seed of the dropout mask (Philox4x32-10)")
       ->check(unsigned_integer())
@@ -147,23 +217,28 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
                  "a generated block mask: random:RHO (each block kept with probability RHO, "
                  "seeded by --seed) or local:W (a band of W key blocks ending at the diagonal)")
       ->type_name("SPEC")
+      ->check(nonempty())
       ->group(g);
   app.add_option("--block-mask", o.block_mask,
                  "a block mask .npy of 0/1, shaped [B or 1, H or 1, ceil(M/Bm), ceil(N/Bn)]")
       ->type_name("FILE")
+      ->check(nonempty())
       ->group(g);
   app.add_option("--mask-block", o.mask_block, "the mask's block Bm x Bn: N or NxM (default 128)")
       ->type_name("BLOCK")
+      ->check(nonempty())
       ->group(g);
 
   auto* io = "Files";
   app.add_option("--load", o.load, "read q.npy, k.npy, v.npy (and do.npy with --backward) from DIR")
       ->type_name("DIR")
+      ->check(nonempty())
       ->group(io);
   app.add_option("--save", o.save,
                  "write o.npy, lse.npy (and dq/dk/dv.npy) as float32 to DIR, all or none; other "
                  "output files of an earlier run in DIR are removed")
       ->type_name("DIR")
+      ->check(nonempty())
       ->group(io);
   app.add_flag("--save-f64", o.save_f64, "write float64 instead (to check the oracle itself)")
       ->group(io);
@@ -171,25 +246,27 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
   auto* rg = "Running";
   app.add_option("--repeats", o.repeats,
                  "timed repetitions, median reported (default: CPU 3, GPU 20)")
-      ->check(CLI::Range(1, 1000000))
+      ->check(integer_in(1, 1000000))
       ->group(rg);
   app.add_option("--warmup", o.warmup, "untimed runs first (default: CPU 1, GPU 3)")
-      ->check(CLI::Range(0, 1000000))
+      ->check(integer_in(0, 1000000))
       ->group(rg);
   app.add_option("--variant", o.run.variant,
                  "a variant of the step's algorithm (see the step's list)")
+      ->check(nonempty())
       ->group(rg);
   app.add_option("--tile-q", o.run.tile_q,
                  "Br, query rows per tile, for tiled steps (0: the step's choice)")
-      ->check(CLI::Range(0, 1 << 30))
+      ->check(integer_in(0, 1 << 30))
       ->group(rg);
   app.add_option("--tile-k", o.run.tile_k,
                  "Bc, keys per tile, for tiled steps (0: the step's choice)")
-      ->check(CLI::Range(0, 1 << 30))
+      ->check(integer_in(0, 1 << 30))
       ->group(rg);
   app.add_option("--check", o.check,
                  "auto | full | sampled | none: check against the float64 oracle")
       ->capture_default_str()
+      ->check(nonempty())
       ->group(rg);
   app.add_flag("-v,--verbose", o.run.verbose, "print what the step chose")->group(rg);
 }

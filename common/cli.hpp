@@ -30,9 +30,18 @@ void add_common_options(CLI::App& app, CommonOptions& o);
 // error, with the message printed).
 int parse_or_exit(CLI::App& app, int argc, char** argv);
 
-// A CLI11 check that the text is a whole number that fits int64 (CLI11 alone would clamp
-// 99999999999999999999 to the largest int64).
+// The flag values' one parser (docs/CONTRACT.md, "The command line"): the whole text is the
+// value, never empty, never with spaces around it, a sign only where the range allows one.
+// Empty when `s` is a whole number in [lo, hi] (stored in *value when given), else why not.
+std::string integer_error(const std::string& s, int64_t lo, int64_t hi, int64_t* value);
+// CLI11 checks built on it: a whole number in [lo, hi]; any int64 (CLI11 alone would clamp
+// 99999999999999999999 to the largest int64); a uint64 (seeds: "-1" and " 1" are refused);
+// a finite real in [lo, hi] (or [lo, hi)); non-empty text without surrounding spaces.
+CLI::Validator integer_in(int64_t lo, int64_t hi);
 const CLI::Validator& strict_integer();
+const CLI::Validator& unsigned_integer();
+CLI::Validator real_in(double lo, double hi, bool hi_open);
+const CLI::Validator& nonempty();
 
 // "random:0.25", "local:4" (with --mask-block "128" or "128x64") into p.sparsity; a file given
 // by --block-mask makes the kind `file`. Throws BadInput.

@@ -47,7 +47,7 @@ void write_file_atomically(const std::string& path, const std::string& bytes,
                            const std::string& what) {
   std::error_code ec;
   const fs::path p(path);
-  if (fs::is_directory(p, ec)) throw BadInput(what + ": is a directory");
+  require_replaceable(path, what);
   if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
   int fd = -1;
   const std::string tmp = create_unique_file(p.has_parent_path() ? p.parent_path().string() : ".",
@@ -60,12 +60,47 @@ void write_file_atomically(const std::string& path, const std::string& bytes,
     throw BadInput(what + ": cannot write: " + std::strerror(written ? errno : err) +
                    "; the file was left as it was");
   }
+  // Checked again at the last moment: something other than a file may have appeared there.
+  const fs::file_type now = fs::symlink_status(p, ec).type();
+  if (now != fs::file_type::not_found && now != fs::file_type::regular) {
+    fs::remove(tmp, ec);
+    throw BadInput(what + ": is no longer a regular file; nothing was written");
+  }
   fs::rename(tmp, p, ec);
   if (ec) {
     const std::string why = ec.message();
     fs::remove(tmp, ec);
     throw BadInput(what + ": cannot replace the file: " + why + "; it was left as it was");
   }
+}
+
+void require_replaceable(const std::string& path, const std::string& flag) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(path, ec);  // the path itself, not a target
+  if (ec && ec != std::errc::no_such_file_or_directory) throw BadInput(flag + ": " + ec.message());
+  switch (st.type()) {
+    case fs::file_type::not_found:
+    case fs::file_type::regular:
+      return;
+    case fs::file_type::directory:
+      throw BadInput(flag + ": " + path + " is a directory, not a file");
+    case fs::file_type::symlink:
+      throw BadInput(flag + ": " + path +
+                     " is a symbolic link; the tools replace regular files only (give the "
+                     "file it points to)");
+    default:
+      throw BadInput(flag + ": " + path +
+                     " is not a regular file (a FIFO, socket or device); the tools replace "
+                     "regular files only");
+  }
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ea, eb;
+  if (fs::exists(a, ea) && fs::exists(b, eb)) return fs::equivalent(a, b, ea);
+  const fs::path ca = fs::weakly_canonical(fs::absolute(a, ea), ea),
+                 cb = fs::weakly_canonical(fs::absolute(b, eb), eb);
+  return ca == cb;
 }
 
 void require_regular_file(const std::string& path, const std::string& flag) {

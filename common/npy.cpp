@@ -2,7 +2,11 @@
 
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -29,16 +33,142 @@ namespace {
                       : " (expected a NumPy .npy block mask of bool or integers 0/1, C order)"));
 }
 
-// Finds `'key':` in the header dict and returns the text after it.
-std::string dict_value(const std::string& header, const std::string& key, const std::string& path,
-                       NpyKind kind) {
-  const std::string k = "'" + key + "'";
-  size_t p = header.find(k);
-  if (p == std::string::npos) bad(path, "header has no " + k, kind);
-  p = header.find(':', p + k.size());
-  if (p == std::string::npos) bad(path, "malformed header", kind);
-  return header.substr(p + 1);
-}
+// The header dict as NumPy writes and reads it (numpy.lib.format: a Python literal that
+// ast.literal_eval turns into a dict of exactly 'descr' (a string), 'fortran_order' (True or
+// False) and 'shape' (a tuple of non-negative ints; one element needs its comma)), followed
+// only by padding and the newline. Anything else is refused, with where it went wrong.
+struct HeaderDict {
+  std::string descr;
+  bool fortran_order = false;
+  std::vector<int64_t> shape;
+};
+
+class HeaderParser {
+ public:
+  explicit HeaderParser(const std::string& text) : t_(text) {}
+
+  // Empty on success, else what is wrong.
+  std::string parse(HeaderDict& out) {
+    try {
+      skip();
+      expect('{');
+      bool have_descr = false, have_order = false, have_shape = false;
+      skip();
+      while (peek() != '}') {
+        const std::string key = string_literal();
+        skip();
+        expect(':');
+        skip();
+        auto once = [&](bool& seen) {
+          if (seen) fail("the key '" + key + "' appears twice");
+          seen = true;
+        };
+        if (key == "descr") {
+          once(have_descr);
+          out.descr = string_literal();
+        } else if (key == "fortran_order") {
+          once(have_order);
+          out.fortran_order = boolean();
+        } else if (key == "shape") {
+          once(have_shape);
+          out.shape = tuple();
+        } else {
+          fail("unexpected key '" + key +
+               "' (a .npy header has only 'descr', 'fortran_order' "
+               "and 'shape')");
+        }
+        skip();
+        if (peek() == ',') {
+          ++i_;
+          skip();
+        } else if (peek() != '}') {
+          fail("expected ',' or '}'");
+        }
+      }
+      ++i_;
+      if (!have_descr || !have_order || !have_shape)
+        fail(std::string("the header lacks ") + (!have_descr   ? "'descr'"
+                                                 : !have_order ? "'fortran_order'"
+                                                               : "'shape'"));
+      for (; i_ < t_.size(); ++i_)
+        if (t_[i_] != ' ' && t_[i_] != '\t' && t_[i_] != '\n' && t_[i_] != '\r')
+          fail("text after the header's closing '}'");
+      return "";
+    } catch (const std::string& why) {
+      return why;
+    }
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& why) const {
+    throw "malformed header: " + why + " (at byte " + std::to_string(i_) + " of the header)";
+  }
+  char peek() const {
+    if (i_ >= t_.size()) fail("it ends too early");
+    return t_[i_];
+  }
+  void skip() {
+    while (i_ < t_.size() && (t_[i_] == ' ' || t_[i_] == '\t' || t_[i_] == '\n')) ++i_;
+  }
+  void expect(char c) {
+    if (peek() != c) fail(std::string("expected '") + c + "'");
+    ++i_;
+  }
+  std::string string_literal() {
+    const char q = peek();
+    if (q != '\'' && q != '"') fail("expected a quoted key or string");
+    const size_t end = t_.find(q, i_ + 1);
+    if (end == std::string::npos) fail("an unterminated string");
+    std::string v = t_.substr(i_ + 1, end - i_ - 1);
+    if (v.find_first_of("\\\n") != std::string::npos) fail("a string with an escape or newline");
+    i_ = end + 1;
+    return v;
+  }
+  bool boolean() {
+    for (const char* word : {"True", "False"}) {
+      const size_t n = std::strlen(word);
+      if (t_.compare(i_, n, word) == 0 &&
+          (i_ + n >= t_.size() || !std::isalnum(static_cast<unsigned char>(t_[i_ + n])))) {
+        i_ += n;
+        return word[0] == 'T';
+      }
+    }
+    fail("'fortran_order' must be True or False");
+  }
+  std::vector<int64_t> tuple() {
+    if (peek() != '(') fail("'shape' must be a tuple, (n, ...)");
+    ++i_;
+    std::vector<int64_t> v;
+    bool comma_after_last = false;
+    skip();
+    while (peek() != ')') {
+      const size_t start = i_;
+      while (i_ < t_.size() && std::isdigit(static_cast<unsigned char>(t_[i_]))) ++i_;
+      const std::string digits = t_.substr(start, i_ - start);
+      if (digits.empty()) fail("a shape entry must be a whole number >= 0");
+      if (digits.size() > 1 && digits[0] == '0') fail("a shape entry with a leading zero");
+      errno = 0;
+      const long long x = std::strtoll(digits.c_str(), nullptr, 10);
+      if (errno == ERANGE) fail("a shape entry does not fit in 64 bits");
+      v.push_back(x);
+      skip();
+      comma_after_last = peek() == ',';
+      if (comma_after_last) {
+        ++i_;
+        skip();
+      } else if (peek() != ')') {
+        fail("expected ',' or ')' in the shape");
+      }
+    }
+    ++i_;
+    if (v.size() == 1 && !comma_after_last)
+      fail("a one-element shape is written (n,): (n) is a number, not a tuple");
+    return v;
+  }
+
+  const std::string& t_;
+  size_t i_ = 0;
+};
 
 // The dtypes a file may hold: element size and whether it is a float.
 bool parse_descr(const std::string& d, NpyKind kind, int& bytes, bool& floating) {
@@ -84,34 +214,14 @@ NpyHeader read_npy_header(const std::string& path, NpyKind kind) {
   if (size_t(f.gcount()) < header_len) bad(path, "truncated header", kind);
 
   NpyHeader h;
-  std::string descr = dict_value(header, "descr", path, kind);
-  const size_t q1 = descr.find('\''), q2 = descr.find('\'', q1 + 1);
-  if (q1 == std::string::npos || q2 == std::string::npos) bad(path, "malformed descr", kind);
-  h.descr = descr.substr(q1 + 1, q2 - q1 - 1);
+  HeaderDict dict;
+  if (const std::string why = HeaderParser(header).parse(dict); !why.empty()) bad(path, why, kind);
+  h.descr = dict.descr;
   if (!parse_descr(h.descr, kind, h.elem_bytes, h.floating))
     bad(path, "dtype '" + h.descr + "' is not supported", kind);
-
-  const std::string order = dict_value(header, "fortran_order", path, kind);
-  const size_t false_at = order.find("False"), true_at = order.find("True");
-  if (false_at == std::string::npos || (true_at != std::string::npos && true_at < false_at))
-    bad(path, "Fortran-ordered arrays are not supported", kind);
-
-  std::string shape_txt = dict_value(header, "shape", path, kind);
-  const size_t a = shape_txt.find('('), b = shape_txt.find(')');
-  if (a == std::string::npos || b == std::string::npos || b < a) bad(path, "malformed shape", kind);
-  shape_txt = shape_txt.substr(a + 1, b - a - 1);
-  std::stringstream ss(shape_txt);
-  std::string tok;
+  if (dict.fortran_order) bad(path, "Fortran-ordered arrays are not supported", kind);
   int64_t n = 1;
-  while (std::getline(ss, tok, ',')) {
-    const size_t s = tok.find_first_not_of(" \t"), e = tok.find_last_not_of(" \t");
-    if (s == std::string::npos) continue;
-    tok = tok.substr(s, e - s + 1);
-    errno = 0;
-    char* end = nullptr;
-    const long long v = std::strtoll(tok.c_str(), &end, 10);
-    if (*end != '\0' || v < 0 || errno == ERANGE)
-      bad(path, "malformed shape entry '" + tok + "'", kind);
+  for (int64_t v : dict.shape) {
     n = checked_mul(n, v);
     if (n < 0 || checked_mul(n, h.elem_bytes) < 0) bad(path, "shape is too large", kind);
     h.shape.push_back(v);
@@ -228,8 +338,7 @@ void NpyWriteSet::stage(const std::string& dir, const std::string& name, const T
   if (ec || !fs::is_directory(dir)) throw BadInput(dir + ": cannot create the output directory");
   File f;
   f.final_path = (fs::path(dir) / name).string();
-  if (fs::is_directory(f.final_path, ec))
-    throw BadInput(f.final_path + ": is a directory; nothing was written");
+  require_replaceable(f.final_path, "saving");
   int fd = -1;
   f.tmp = create_unique_file(dir, name, fd);
   files_.push_back(f);  // from here on the destructor removes it
@@ -242,12 +351,50 @@ void NpyWriteSet::stage(const std::string& dir, const std::string& name, const T
   if (std::find(dirs_.begin(), dirs_.end(), dir) == dirs_.end()) dirs_.push_back(dir);
 }
 
+void NpyWriteSet::clear(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;  // nothing there to clear
+  if (std::find(dirs_.begin(), dirs_.end(), dir) == dirs_.end()) dirs_.push_back(dir);
+}
+
+namespace {
+// An exclusive flock on each folder for the length of a commit: two saves into one folder at
+// once take turns, so the folder ends with one of them whole, never a mix or a failure.
+class FolderLocks {
+ public:
+  explicit FolderLocks(std::vector<std::string> dirs) {
+    std::sort(dirs.begin(), dirs.end());  // one order for every process: no deadlock
+    for (const std::string& d : dirs) {
+      const int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      if (fd < 0) continue;  // the renames below report what is wrong with the folder
+      while (::flock(fd, LOCK_EX) != 0 && errno == EINTR) {
+      }
+      fds_.push_back(fd);
+    }
+  }
+  FolderLocks(const FolderLocks&) = delete;
+  FolderLocks& operator=(const FolderLocks&) = delete;
+  ~FolderLocks() {
+    for (int fd : fds_) ::close(fd);  // closing releases the lock
+  }
+
+ private:
+  std::vector<int> fds_;
+};
+}  // namespace
+
 void NpyWriteSet::commit(const std::vector<std::string>& stale) {
   std::error_code ec;
+  const FolderLocks locks(dirs_);
   // What the set replaces or removes is first renamed aside, so a failure can put it back.
   std::vector<std::pair<std::string, std::string>> aside;  // original path, backup path
   auto move_aside = [&](const std::string& path) {
-    if (!fs::exists(fs::symlink_status(path, ec))) return;
+    const fs::file_type type = fs::symlink_status(path, ec).type();
+    if (type == fs::file_type::not_found) return;
+    if (type != fs::file_type::regular)
+      throw BadInput(path +
+                     ": not a regular file (a directory, link, FIFO or device); a save "
+                     "replaces regular files only, so nothing was written");
     int fd = -1;
     const fs::path p(path);
     const std::string backup =
@@ -255,8 +402,11 @@ void NpyWriteSet::commit(const std::vector<std::string>& stale) {
     ::close(fd);
     fs::rename(path, backup, ec);
     if (ec) {
+      const std::error_code why = ec;  // before remove() below resets ec
       fs::remove(backup, ec);
-      throw BadInput(path + ": cannot replace it: " + ec.message());
+      if (why == std::errc::no_such_file_or_directory) return;  // gone already: nothing to keep
+      throw BadInput(path + ": cannot move it aside to replace it: " + why.message() +
+                     "; nothing was written");
     }
     aside.push_back({path, backup});
   };

@@ -1,8 +1,9 @@
 // NumPy .npy files: float32 or float64 (and, for block masks, bool/uint8/int) in C order,
-// little-endian. Reading validates everything (a regular file, magic, header, dtype, order,
-// size) and throws BadInput with the reason; the header is read first, so the shape can be
-// checked against the limits and the memory before the data is read, and the data is read
-// straight into the tensor (no copy of the file in memory). Writing is all or nothing.
+// little-endian. Reading validates everything (a regular file, magic, the header by NumPy's
+// grammar, dtype, order, size against the file) and throws BadInput with the reason; the header is
+// read first, so the shape can be checked against the limits and the memory before the data is
+// read, and the data is read straight into the tensor (no copy of the file in memory). Writing is
+// all or nothing.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -51,8 +52,12 @@ class NpyWriteSet {
   NpyWriteSet& operator=(const NpyWriteSet&) = delete;
   ~NpyWriteSet();  // removes the temporaries of an uncommitted set
   void stage(const std::string& dir, const std::string& name, const Tensor& t, bool as_f64);
-  // `stale`: names (e.g. "dq.npy") to remove from each staged folder if this set does not
-  // write them there.
+  // A folder this set writes nothing to but whose `stale` names commit() removes too (the
+  // step folder of an earlier `ladder compare --save` that this one did not run). The folder
+  // itself is left. Nothing happens to a folder that does not exist.
+  void clear(const std::string& dir);
+  // `stale`: names (e.g. "dq.npy") to remove from each staged (or cleared) folder if this set
+  // does not write them there. Concurrent commits into one folder take turns (flock).
   void commit(const std::vector<std::string>& stale = {});
 
  private:

@@ -129,9 +129,12 @@ std::string Step::unsupported_on(const Problem& p, const RunOptions& o,
   try {
     const Tiles t = tiles_for(p, resolved, dev);
     // A block mask is applied a tile at a time: each tile must lie inside one mask block.
-    if (p.sparsity.active() && t.q > 0 &&
-        (p.sparsity.block_q % t.q != 0 || p.sparsity.block_k % t.k != 0))
-      return "step " + name + " runs Br x Bc = " + std::to_string(t.q) + "x" + std::to_string(t.k) +
+    // Without a device a tile may be unknown yet (0): the known one is checked alone.
+    if (p.sparsity.active() &&
+        ((t.q > 0 && p.sparsity.block_q % t.q != 0) || (t.k > 0 && p.sparsity.block_k % t.k != 0)))
+      return "step " + name + " runs " +
+             (t.q > 0 ? "Br x Bc = " + std::to_string(t.q) + "x" + std::to_string(t.k)
+                      : "Bc = " + std::to_string(t.k) + "-key") +
              " tiles here, which must divide the mask block (--mask-block " +
              std::to_string(p.sparsity.block_q) + "x" + std::to_string(p.sparsity.block_k) +
              "): use a mask block that is a multiple of them";

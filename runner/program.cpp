@@ -4,7 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iostream>
-#include <thread>
+#include <limits>
 
 #include "device.hpp"
 #include "error.hpp"
@@ -62,6 +62,32 @@ void shapes_from_files(const std::string& dir, Problem& p) {
   }
 }
 
+// The --block-mask header against the problem, before its data is read: a mask of the wrong
+// shape is refused whatever its size (a 3 GB file is not read to learn that).
+void check_mask_header(const Problem& p) {
+  const std::string& path = p.sparsity.file;
+  require_regular_file(path, "--block-mask");
+  const NpyHeader h = read_npy_header(path, NpyKind::mask);
+  const int64_t nI = p.q_blocks(), nJ = p.k_blocks();
+  const std::vector<int64_t>& s = h.shape;
+  if (s.size() == 4 && (s[0] == 1 || s[0] == p.batch) && (s[1] == 1 || s[1] == p.heads) &&
+      s[2] == nI && s[3] == nJ)
+    return;
+  std::string got = "[";
+  for (size_t i = 0; i < s.size(); ++i) got += (i ? ", " : "") + std::to_string(s[i]);
+  throw BadInput("--block-mask " + path + ": shape " + got + "]; expected [" +
+                 std::to_string(p.batch) + " or 1, " + std::to_string(p.heads) + " or 1, " +
+                 std::to_string(nI) + ", " + std::to_string(nJ) + "] (ceil(seq_q / " +
+                 std::to_string(p.sparsity.block_q) + "), ceil(seq_k / " +
+                 std::to_string(p.sparsity.block_k) + "))");
+}
+
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (double x : t.data) m = std::max(m, std::fabs(x));
+  return m;
+}
+
 // How many query rows per head a sampled check computes (check.cpp picks them).
 int64_t sampled_rows(const Problem& p) {
   return std::min<int64_t>(p.seq_q, 12);
@@ -96,11 +122,10 @@ CheckMode check_options(const CommonOptions& o, const Problem& p) {
     throw BadInput("--inputs must be normal or large, got '" + o.inputs + "'");
   const std::string bad = p.validate();
   if (!bad.empty()) throw BadInput(o.load.empty() ? bad : "--load " + o.load + ": " + bad);
-  std::error_code ec;
-  if (!o.save.empty() && fs::exists(o.save, ec) && !fs::is_directory(o.save, ec))
-    throw BadInput("--save " + o.save + ": exists and is not a directory");
-  if (p.sparsity.kind == BlockSparsity::Kind::file)
-    require_regular_file(p.sparsity.file, "--block-mask");
+  if (o.save_f64 && o.save.empty())
+    throw BadInput("--save-f64 says how --save writes its files; give --save DIR with it");
+  if (!o.save.empty()) check_save_target(o.save, "--save");
+  if (p.sparsity.kind == BlockSparsity::Kind::file) check_mask_header(p);
   return mode;
 }
 
@@ -122,11 +147,64 @@ Inputs obtain_inputs(const CommonOptions& o, const Problem& p) {
     throw BadInput(
         "the ladder needs finite inputs (NaN or Inf found): " + bad +
         (p.dtype == DType::f64 ? "" : " once rounded to " + std::string(dtype_name(p.dtype))));
+  check_input_range(p, in);
   if (p.sparsity.kind == BlockSparsity::Kind::file) {
     const Tensor t = read_npy(p.sparsity.file, NpyKind::mask);
     in.mask = block_mask_from(t, p, p.sparsity.file);
   }
   return in;
+}
+
+void check_save_target(const std::string& dir, const std::string& flag) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  if (fs::exists(st) && !fs::is_directory(st))
+    throw BadInput(flag + " " + dir + ": exists and is not a directory");
+  if (!fs::exists(st) && fs::is_symlink(fs::symlink_status(dir, ec)))
+    throw BadInput(flag + " " + dir + ": a symbolic link to nothing");
+  if (!fs::is_directory(st)) return;  // a new folder: nothing in it to replace
+  for (const std::string& name : output_names())
+    require_replaceable((fs::path(dir) / name).string(), flag);
+}
+
+void check_input_range(const Problem& p, const Inputs& in) {
+  // The accumulators: float64 for an fp64 run, float32 for every other dtype; 1/16 of the
+  // largest finite value leaves room for rounding and summation order.
+  const double acc = p.dtype == DType::f64 ? std::numeric_limits<double>::max()
+                                           : double(std::numeric_limits<float>::max());
+  const double limit = acc / 16;
+  const double out_max = p.dtype == DType::f64    ? std::numeric_limits<double>::max()
+                         : p.dtype == DType::f16  ? 65504.0
+                         : p.dtype == DType::bf16 ? 3.3895313892515355e38
+                                                  : double(std::numeric_limits<float>::max());
+  const double mq = max_abs(in.q), mk = max_abs(in.k), mv = max_abs(in.v);
+  const double s = std::fabs(p.softmax_scale()), d = double(p.dim), keep = 1 / (1 - p.dropout);
+  struct Bound {
+    const char* what;
+    double value, limit;
+  };
+  std::vector<Bound> bounds = {
+      {"the scores, scale * dim * max|Q| * max|K|", s * d * mq * mk, limit},
+      {"the unnormalised output sum, seq_k * max|V| / (1 - dropout)", double(p.seq_k) * keep * mv,
+       limit},
+      {"O, max|V| / (1 - dropout), in the output dtype", keep * mv, out_max}};
+  if (p.backward) {
+    const double mdo = max_abs(in.dout), ds = 2 * d * mdo * mv * keep;  // |dS| <= |dP| + |D|
+    bounds.push_back({"dP = dO V^T, dim * max|dO| * max|V|", d * mdo * mv * keep, limit});
+    bounds.push_back(
+        {"dQ, scale * seq_k * max|dS| * max|K|", s * double(p.seq_k) * ds * mk, limit});
+    bounds.push_back({"dK, scale * group * seq_q * max|dS| * max|Q|",
+                      s * double(p.group()) * double(p.seq_q) * ds * mq, limit});
+    bounds.push_back({"dV, group * seq_q * max|dO| / (1 - dropout)",
+                      double(p.group()) * double(p.seq_q) * mdo * keep, limit});
+  }
+  for (const Bound& b : bounds)
+    if (!(b.value <= b.limit))
+      throw BadInput("the inputs are too large for a " + std::string(dtype_name(p.dtype)) +
+                     " run: a bound on " + b.what + " is " + fmt_sci(b.value, 2) +
+                     ", past the largest the run can hold (" + fmt_sci(b.limit, 2) +
+                     "); no rung makes Inf from inputs it accepts, so these are refused "
+                     "(scale them down)");
 }
 
 RunOptions resolve_run_options(const Step& s, const CommonOptions& o) {
@@ -143,20 +221,36 @@ double host_bytes_needed(const Step& s, const Problem& p, const RunOptions& ro, 
   const double in = q + 2 * kv + (p.backward ? q : 0),
                out = q + rows + (p.backward ? q + 2 * kv : 0);
   double bytes = 8 * out + (inputs_exist ? 0 : 8 * in);  // float64 host tensors
+  double check_scratch = 0;
   if (mode != CheckMode::none) {
     const bool full = mode == CheckMode::full || (mode == CheckMode::automatic &&
                                                   (p.backward ? 3.5 : 1.0) * p.fwd_flops() <= 4e9);
     const double r = full ? 1.0 : double(sampled_rows(p)) / double(p.seq_q);
     // The oracle's and the yardstick's outputs (and the gathered rows of a sampled check), the
-    // yardstick's float dK, dV accumulators, and the oracle's S and P for 256 rows per thread.
+    // yardstick's float dK, dV accumulators.
     bytes += (full ? 2 : 3) * 8 * (r * (q + rows) + (p.backward ? r * q + (full ? 2 * kv : 0) : 0));
     if (p.backward && full) bytes += 8 * kv;
-    bytes += 3 * 8 * 256 * double(p.seq_k) * std::max(1u, std::thread::hardware_concurrency());
+    // Scratch per thread (reference/oracle.cpp, plain.cpp). The oracle, on one thread for a
+    // full check and one per (batch, K/V head) group for a sampled one: a block of up to 256
+    // query rows of S, its scaled copy, P and P with dropout applied (Z too with dropout; dP,
+    // dS and a temporary with backward), and its copies of the group's K and V (and dK, dV
+    // accumulators). The yardstick, one per group always: a row of S and P, its dK, dV.
+    const double n = double(p.seq_k), d = double(p.dim);
+    const double block = std::min<double>(256, full ? double(p.seq_q) : double(sampled_rows(p)));
+    const double groups = double(p.batch) * double(p.heads_kv);
+    const double threads = std::min<double>(groups, parallel_chunk_count(int64_t(groups), 1));
+    const double oracle = 8 * (block * n * (4 + (p.dropout > 0 ? 1 : 0) + (p.backward ? 3 : 0)) +
+                               2 * n * d + (p.backward && full ? 2 * n * d : 0)) +
+                          2 * n;
+    const double plain = 8 * 2 * n + 2 * n + (p.backward ? 2 * 8 * n * d : 0);
+    check_scratch = (full ? 1 : threads) * oracle + threads * plain;
   }
+  // A CPU step's workspace lives while it runs, the check's scratch after: the larger counts.
   if (s.device == Device::cpu)
-    bytes += s.workspace ? s.workspace(p, ro) : 0;
+    bytes += std::max(check_scratch, s.workspace ? s.workspace(p, ro) : 0.0);
   else  // the element-type copies made on the way to and from the device, one tensor at a time
-    bytes += 8 * std::max(q, kv) + double(dtype_bytes(p.dtype)) * 2 * std::max(q, kv);
+    bytes +=
+        check_scratch + 8 * std::max(q, kv) + double(dtype_bytes(p.dtype)) * 2 * std::max(q, kv);
   return bytes;
 }
 
@@ -168,18 +262,26 @@ double device_bytes_needed(const Step& s, const Problem& p, const RunOptions& ro
          2.0 * double(dev.l2_bytes);  // time_gpu_ms's L2 flush buffer
 }
 
-RunOptions prepare(const Step& s, const Problem& p, const RunOptions& ro, CheckMode mode,
-                   bool inputs_exist) {
+RunOptions prepare_host(const Step& s, const Problem& p, const RunOptions& ro, CheckMode mode,
+                        bool inputs_exist) {
   if (const std::string bad = p.validate(); !bad.empty()) throw BadInput(bad);
   if (const std::string why = s.unsupported(p, ro); !why.empty()) throw BadInput(why);
   RunOptions r = ro;
   r.variant = s.find_variant(ro.variant)->name;
+  // The tiles known without a device (compiled ones, or the flags) against the mask block.
+  if (const std::string why = s.unsupported_on(p, r, DeviceInfo{}); !why.empty())
+    throw BadInput(why);
   const double host = host_bytes_needed(s, p, r, mode, inputs_exist);
   const double avail = available_host_bytes();
   if (host > 0.9 * avail)
     throw BadInput("this run of " + s.name + " needs about " + gib(host) +
                    " of host memory (inputs, outputs and the oracle's check); " + gib(avail) +
                    " are available. Use a smaller problem (or --check sampled / none).");
+  return r;
+}
+
+RunOptions prepare_device(const Step& s, const Problem& p, const RunOptions& ro) {
+  RunOptions r = ro;
   DeviceInfo dev;
   if (s.device == Device::cuda) {
     dev = require_device();  // NoDevice: exit 3
@@ -198,9 +300,15 @@ RunOptions prepare(const Step& s, const Problem& p, const RunOptions& ro, CheckM
   return r;
 }
 
+RunOptions prepare(const Step& s, const Problem& p, const RunOptions& ro, CheckMode mode,
+                   bool inputs_exist) {
+  return prepare_device(s, p, prepare_host(s, p, ro, mode, inputs_exist));
+}
+
 CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const RunOptions& ro,
                        CheckMode mode, Outputs& out) {
   const RunOptions r = prepare(s, p, ro, mode, true);
+  check_input_range(p, in);
   CheckedRun c;
   out.poison(p);
   c.result = s.run(p, in, out, r);
@@ -250,27 +358,30 @@ double gbps(const Problem& p, double ms, bool backward) {
 
 int run_step_cli(const Step& s, const CommonOptions& o) {
   return guarded([&]() -> int {
-    // Everything that can fail on bad input, or for want of a device, fails here, before the
-    // inputs exist: shapes, capabilities, variant, tiles, memory, the device, the --save target.
+    // Bad input fails first (exit 2), and before the device is asked for (exit 3): the
+    // shapes, capabilities, variant, tiles, host memory and the --save target before the
+    // inputs exist, then the inputs' values; then the device, its memory and its tiles.
     Problem p = resolve_problem(o, s.default_dtype());
     const CheckMode mode = check_options(o, p);
-    const RunOptions ro = prepare(s, p, resolve_run_options(s, o), mode);
+    RunOptions ro = prepare_host(s, p, resolve_run_options(s, o), mode, false);
     const Inputs in = obtain_inputs(o, p);
+    ro = prepare_device(s, p, ro);
 
     std::cout << s.name << " [" << ro.variant << "]: " << p.describe() << "\n";
     CheckedRun c = run_checked(s, p, in, ro, mode);
     if (!c.result.config.empty()) std::cout << "  config: " << c.result.config << "\n";
     std::cout << "  check vs float64 oracle (" << c.check.mode << ")\n" << c.check.summary();
 
+    if (!c.check.pass) {  // a failed run writes nothing: --save's folder stays as it was
+      std::cout << "FAIL: " << c.check.first_failure()
+                << " (no timing is reported for a failed check"
+                << (o.save.empty() ? "" : "; nothing was saved to " + o.save) << ")\n";
+      return kExitCheckFailed;
+    }
     if (!o.save.empty()) {
       const size_t n = save_outputs(o.save, c.out, p.backward, o.save_f64);
       std::cout << "  saved " << n << " files to " << o.save
                 << (o.save_f64 ? " (float64)" : " (float32)") << "\n";
-    }
-    if (!c.check.pass) {
-      std::cout << "FAIL: " << c.check.first_failure()
-                << " (no timing is reported for a failed check)\n";
-      return kExitCheckFailed;
     }
     const double density = in.mask.density();
     auto line = [&](const char* dir, double ms, bool bwd) {

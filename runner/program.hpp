@@ -19,17 +19,39 @@ namespace ladder {
 // Throws BadInput.
 Problem resolve_problem(const CommonOptions& o, DType default_dtype);
 
-// Checks the options that need no inputs (the --check mode, the shapes, tile overrides, the
-// --save target); returns the check mode. Throws BadInput.
+// Checks the options that need no inputs (the --check mode, the shapes, the --save target and
+// --save-f64, the --block-mask header against the shape); returns the check mode. Throws
+// BadInput.
 CheckMode check_options(const CommonOptions& o, const Problem& p);
 
 // Reads q.npy, k.npy, v.npy (and do.npy when p.backward) from dir and the --block-mask file,
-// rounds them to p.dtype and checks that every value is finite after rounding; generates them
-// when there is no --load. Throws BadInput naming the file and what was expected.
+// rounds them to p.dtype and checks that every value is finite after rounding and within
+// check_input_range(); generates them when there is no --load. Throws BadInput naming the file and
+// what was expected.
 Inputs obtain_inputs(const CommonOptions& o, const Problem& p);
 
 // Repeats and warm-up defaults per device.
 RunOptions resolve_run_options(const Step& s, const CommonOptions& o);
+
+// The --save folder (or a `ladder compare --save` step folder): new, or a directory whose
+// output names (output_names()) are regular files or absent; a directory, FIFO, device or
+// symbolic link there is refused, as --save replaces regular files only. Throws BadInput.
+void check_save_target(const std::string& dir, const std::string& flag);
+
+// The contract's rule for finite inputs that are too large (docs/CONTRACT.md, "Files"): a
+// bound on every intermediate sum of the run (scores, the unnormalised output, the backward's
+// dP, dS, dQ, dK, dV) must stay within 1/16 of the accumulator's largest value (float64 for
+// fp64, float32 otherwise), and max|V| / (1 - dropout) within the output dtype's. Throws
+// BadInput naming the bound; every step program, compare and bench reach it through the runner.
+void check_input_range(const Problem& p, const Inputs& in);
+
+// The device-free half of prepare() (below): validated, supported, variant resolved, tiles
+// known without a device checked against the mask block, host memory. Throws BadInput.
+RunOptions prepare_host(const Step& s, const Problem& p, const RunOptions& ro, CheckMode mode,
+                        bool inputs_exist);
+// The device half: the device is there (NoDevice), suits the step, has the memory; the tiles
+// resolved. Throws BadInput or NoDevice.
+RunOptions prepare_device(const Step& s, const Problem& p, const RunOptions& ro);
 
 // Everything that can be known before the inputs exist: the problem is one the step supports
 // (capabilities, variant, tiles, limits), the host has the memory the run and its check need,

@@ -24,9 +24,11 @@ the same harness grades it.
   tools/exercise.py diff 2                    the copy against the solution
   tools/exercise.py create 2 --force          start over (the old copy is kept in a backup)
 
+--dir may not be steps/ or a folder inside it. Only folders this tool made are ever removed.
+
 Relative --dir and --build paths are taken from the repository root, as CMake takes
-LADDER_EXERCISES. Exit status: 0 ok (grade: PASS), 1 grade FAIL (list --check: the table is
-stale), 2 bad use, 3 the grade could not run here (a GPU step with no CUDA device or toolkit).
+LADDER_EXERCISES. Exit status: 0 ok (grade: PASS: at least one case ran, every one passed), 1
+grade FAIL (list --check: the table is stale), 2 bad use, 3 the grade could not run here (a GPU step with no CUDA device or toolkit).
 """
 import argparse
 import difflib
@@ -36,6 +38,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -329,6 +332,19 @@ def exercise_text(lines, regions):
     return "".join(out)
 
 
+def check_exercise_dir(root, dest):
+    """Refuses an exercise folder in the steps/ folder (or a copy that would be steps/ or hold
+    it): a copy there would replace the solution it is made from."""
+    r, d = root.resolve(), dest.resolve()
+    steps_dir = STEPS.resolve()
+    if r == steps_dir or steps_dir in r.parents or d == steps_dir or d in steps_dir.parents:
+        raise UsageError(f"--dir {rel(root)}: the exercise copies cannot go in {rel(STEPS)}/ "
+                         "(the copy would replace the solution it is made from); use a folder "
+                         "of its own, e.g. --dir exercises")
+    if d.exists() and not d.is_dir():
+        raise UsageError(f"{rel(dest)} exists and is not a folder; it was left as it is")
+
+
 def cmd_create(args):
     step = find_step(args.step)
     regions = step_regions(step)
@@ -344,30 +360,37 @@ def cmd_create(args):
         regions = [r for r in regions if r.name in args.region]
     root = from_root(args.dir)
     dest = root / step.name
-    if dest.exists():
-        if not args.force:
-            print(f"error: {rel(dest)} already exists and may hold your work; it was left as it "
-                  f"is.\nTo start over, run with --force (the old copy is moved to "
-                  f"{rel(root / '.backup')}/).", file=sys.stderr)
-            return EXIT_USAGE
-        backup = root / ".backup" / f"{step.name}.{time.strftime('%Y%m%d-%H%M%S')}"
-        n = 1
-        while backup.exists():  # two resets in one second
-            backup = backup.with_name(f"{backup.name.split('~')[0]}~{n}")
-            n += 1
-        backup.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(dest), str(backup))
-        print(f"moved the old copy to {rel(backup)}")
-    # Build the whole copy next to its destination, then rename: no half-written exercise.
+    check_exercise_dir(root, dest)
+    if dest.exists() and not args.force:
+        print(f"error: {rel(dest)} already exists and may hold your work; it was left as it "
+              f"is.\nTo start over, run with --force (the old copy is moved to "
+              f"{rel(root / '.backup')}/).", file=sys.stderr)
+        return EXIT_USAGE
+    # Build the whole copy in a fresh folder of our own next to its destination; only then is
+    # an old copy moved aside and the new one renamed into place. A failure removes only that
+    # fresh folder: no folder this tool did not create is ever moved or deleted, and an old
+    # copy is never lost.
     root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{step.name}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(step.path, tmp)
-    for src in sorted({r.path for r in regions}):
-        mine = [r for r in regions if r.path == src]
-        with open(tmp / src.relative_to(step.path), "w", encoding="utf-8", newline="") as f:
-            f.write(exercise_text(read_lines(src), mine))
-    os.replace(tmp, dest)
+    work = Path(tempfile.mkdtemp(prefix=f".{step.name}.", dir=root))
+    try:
+        tmp = work / step.name
+        shutil.copytree(step.path, tmp)
+        for src in sorted({r.path for r in regions}):
+            mine = [r for r in regions if r.path == src]
+            with open(tmp / src.relative_to(step.path), "w", encoding="utf-8", newline="") as f:
+                f.write(exercise_text(read_lines(src), mine))
+        if dest.exists():
+            backup = root / ".backup" / f"{step.name}.{time.strftime('%Y%m%d-%H%M%S')}"
+            n = 1
+            while backup.exists():  # two resets in one second
+                backup = backup.with_name(f"{backup.name.split('~')[0]}~{n}")
+                n += 1
+            backup.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(dest, backup)  # same file system: a rename, never a copy and delete
+            print(f"moved the old copy to {rel(backup)}")
+        os.rename(tmp, dest)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # ours: empty after a success
 
     opt_dir = "" if args.dir == "exercises" else f"--dir {args.dir}"
     print(f"created {rel(dest)}/ from {rel(step.path)}/ with {len(regions)} region(s) to write:")
@@ -554,6 +577,11 @@ def cmd_grade(args):
         return EXIT_NOT_RUN
     by_hand = (f"run your copy by hand: cmake --build {rel(build)} --target {step.name} && "
                f"{rel(build)}/steps/{step.name} --help")
+    if rc == 0 and not runs:  # a grade that ran no case has graded nothing
+        print(f"FAIL: {step.name} from {rel(copy)}/: no case of the harness ran (ctest passed, "
+              "but printed no per-run verdict), so nothing was graded; rerun with --verbose to "
+              "see what ctest ran")
+        return EXIT_FAIL
     if rc == 0:
         print(f"PASS: {step.name} from {rel(copy)}/: {len(runs)} runs of the shared cases "
               "against the float64 oracle")
@@ -647,6 +675,10 @@ def main(argv=None):
         return verbs[args.verb](args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as e:  # a path that cannot be read or written: said plainly, not a traceback
+        print(f"error: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""),
+              file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -29,6 +29,7 @@ import math
 import os
 import re
 import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -870,8 +871,46 @@ def update_readme(readme, body):
             else:
                 new = text.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
     if new != text:
-        readme.write_text(new, encoding="utf-8")
+        write_replacing(readme, new)
     return new != text
+
+
+def write_replacing(path, text):
+    """Writes `text` to a temporary file beside `path`, then renames it over `path`: a reader
+    never sees half a README, and a failure leaves the old one as it was."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, path.stat().st_mode & 0o777)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+class UsageError(Exception):
+    """A path argument that cannot be what it names: `figures: error: ...`, exit status 2."""
+
+
+def check_paths(results, out_dir, readme):
+    """Refuses, before anything is read or written, a --results folder that is not there (a
+    typo must not rewrite the README as "No results yet"), a --readme that is not an existing
+    regular Markdown file (never a CSV, a link or a device), and a --figures path that is not a
+    folder."""
+    if not results.is_dir():
+        raise UsageError(f"--results {results}: no such folder" if not results.exists() else
+                         f"--results {results}: not a folder")
+    if readme.is_symlink() or not readme.is_file():
+        raise UsageError(f"--readme {readme}: " + ("no such file" if not readme.exists() and
+                                                   not readme.is_symlink() else
+                                                   "not a regular file (a link, folder or "
+                                                   "device is not rewritten)"))
+    if readme.suffix.lower() not in (".md", ".markdown"):
+        raise UsageError(f"--readme {readme}: not a Markdown file (.md); the results table is "
+                         "Markdown and is written into a README only")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--figures {out_dir}: exists and is not a folder")
 
 
 NO_RESULTS = ("No results yet. On a machine with an NVIDIA GPU, `tools/gpu_check.sh bench peers` "
@@ -891,11 +930,16 @@ def main(argv=None):
                     help="the README whose results table is regenerated")
     args = ap.parse_args(argv)
     results, out_dir, readme = Path(args.results), Path(args.figures), Path(args.readme)
+    try:
+        check_paths(results, out_dir, readme)
+    except UsageError as e:
+        print(f"figures: error: {e}", file=sys.stderr)
+        return 2
 
     # The results files: every CSV but the ceilings and the traces.
     files = sorted(p for p in results.glob("*.csv")
                    if p.name != CEILINGS_FILE and not re.search(r"-trace-\d+$", p.stem)
-                   ) if results.is_dir() else []
+                   )
     if files:
         use_system_python()
     # h100 first: it is the GPU the targets are set for.
@@ -903,6 +947,10 @@ def main(argv=None):
     data = [(p, load(p)) for p in files]
     data = [(p, rows) for p, rows in data if rows]
     all_ceilings = load_ceilings(results / CEILINGS_FILE)
+    if files and not data:  # files there, none usable: an error, not "no results yet"
+        print(f"figures: error: no usable row in {', '.join(shown(p) for p in files)} (see "
+              f"above); {readme.name} and the figures were left as they are", file=sys.stderr)
+        return 2
     if not data:
         changed = update_readme(readme, NO_RESULTS)
         print(f"figures: no results in {results}: {readme.name} says so"
@@ -950,5 +998,16 @@ def main(argv=None):
     return 0
 
 
+def main_or_exit(argv=None):
+    """main(), with a file that cannot be read or written said plainly (exit 2), not a
+    traceback."""
+    try:
+        return main(argv)
+    except OSError as e:
+        print(f"figures: error: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""),
+              file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main_or_exit())

@@ -315,7 +315,7 @@ class ResultsCsv {
   explicit ResultsCsv(const std::string& path) : path_(path) {
     if (path.empty()) return;
     std::error_code ec;
-    if (fs::exists(path, ec)) require_regular_file(path, "--csv");
+    require_replaceable(path, "--csv");  // a FIFO, device or link is never replaced
     if (fs::is_regular_file(path, ec) && fs::file_size(path, ec) > 0) {
       std::ifstream in(path, std::ios::binary);
       old_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -361,11 +361,18 @@ void write_json(const std::string& path, const std::vector<ResultRow>& rows) {
   write_file_atomically(path, out.str(), "--json " + path);
 }
 
-// Fails early, before hours of sweeping, if the JSON file could not be written at the end.
-void check_writable(const std::string& path, const char* flag) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec))
-    throw BadInput(std::string(flag) + " " + path + ": is a directory");
+// Fails early, before hours of sweeping, if an output file could not be written at the end:
+// the target must be a regular file or a new path, and no two outputs may name one file.
+void check_outputs(const std::vector<std::pair<std::string, std::string>>& flag_paths) {
+  for (size_t i = 0; i < flag_paths.size(); ++i) {
+    const auto& [flag, path] = flag_paths[i];
+    if (path.empty()) continue;
+    require_replaceable(path, flag);
+    for (size_t j = 0; j < i; ++j)
+      if (!flag_paths[j].second.empty() && same_file(flag_paths[j].second, path))
+        throw BadInput(flag_paths[j].first + " " + flag_paths[j].second + " and " + flag + " " +
+                       path + " name the same file; give each output its own");
+  }
 }
 
 // ------------------------------------------------------------------------------------ list
@@ -445,6 +452,10 @@ int cmd_compare(const CompareArgs& a) {
   const bool dtype_forced = !o.dtype.empty();
   const CheckMode mode = check_options(o, p);
   const std::vector<const Rung*> selected = select_rungs(a.steps);
+  check_outputs({{"--csv", a.csv}});
+  if (!o.save.empty())  // every rung's folder: this run writes some, clears the others
+    for (const Rung& rung : rungs())
+      check_save_target((fs::path(o.save) / rung.name).string(), "--save");
   ResultsCsv csv(a.csv);
   // The inputs are shared, so the largest need of any step decides whether they can be made.
   double need = 0;
@@ -487,14 +498,22 @@ int cmd_compare(const CompareArgs& a) {
     ps.backward = p.backward && s.caps.backward;  // a forward-only step still shows its forward
     row.dtype = dtype_name(ps.dtype);
     row.p = ps;
-    if (const std::string why = cannot_run_here(s); !why.empty()) {
-      row.note = why;
-      row.no_device = true;
+    // What the problem asks of the step first (exit 2 if no step can run it), the device
+    // after (exit 3 only when the problem was fine).
+    std::string why = s.unsupported(ps);
+    if (why.empty()) try {
+        prepare_host(s, ps, resolve_run_options(s, o), mode, true);
+      } catch (const BadInput& e) {
+        why = e.what();
+      }
+    if (!why.empty()) {
+      row.note = "cannot run: " + why;
       rows.push_back(row);
       continue;
     }
-    if (const std::string why = s.unsupported(ps); !why.empty()) {
-      row.note = "cannot run: " + why;
+    if (const std::string dev_why = cannot_run_here(s); !dev_why.empty()) {
+      row.note = dev_why;
+      row.no_device = true;
       rows.push_back(row);
       continue;
     }
@@ -601,12 +620,20 @@ int cmd_compare(const CompareArgs& a) {
                  "gradients, plus a floor); check covers O, LSE (and dQ, dK, dV).\nspeed-up: "
                  "the previous timed step's median time over this one's; a step that fails its "
                  "check gets no timing.\n";
+  if (failed) {  // a failed comparison writes nothing: no --save folder, no --csv row
+    if (!o.save.empty() || !a.csv.empty())
+      std::cout << "nothing was written (" << failed << " step(s) failed their check)\n";
+    return kExitCheckFailed;
+  }
   if (!o.save.empty()) {
+    // Afterwards the folder holds this run's step outputs only: the output files of a step
+    // folder from an earlier comparison that this one did not write are removed (the folder
+    // itself, and any other file in it, is left).
+    for (const Rung& r : rungs()) saved.clear((fs::path(o.save) / r.name).string());
     saved.commit(output_names());  // all steps' folders, or none
     std::cout << "saved each step's outputs under " << o.save << "/NN_name/\n";
   }
   if (const std::string w = csv.commit(); !w.empty()) std::cout << w << "\n";
-  if (failed) return kExitCheckFailed;
   if (ran == 0) {
     std::cerr << "error: no step could run this problem (see the notes)\n";
     return no_device > 0 ? kExitNoDevice : kExitBadInput;
@@ -617,10 +644,20 @@ int cmd_compare(const CompareArgs& a) {
 // ------------------------------------------------------------------------------------ diff
 
 int cmd_diff(const std::string& path_a, const std::string& path_b, bool have_tol, double tol) {
-  const Tensor a = read_npy(path_a), b = read_npy(path_b);
-  if (a.shape != b.shape)
-    throw BadInput("the shapes differ: " + path_a + " is " + a.shape_str() + ", " + path_b +
-                   " is " + b.shape_str());
+  // The headers first: different shapes, or more than memory holds, are refused before a
+  // byte of data is read.
+  const NpyHeader ha = read_npy_header(path_a), hb = read_npy_header(path_b);
+  if (ha.shape != hb.shape) {
+    auto str = [](const std::vector<int64_t>& s) { return "[" + join(s, ", ") + "]"; };
+    throw BadInput("the shapes differ: " + path_a + " is " + str(ha.shape) + ", " + path_b +
+                   " is " + str(hb.shape));
+  }
+  const double need = 2.0 * 8.0 * double(ha.numel());  // both arrays as float64
+  if (need > 0.9 * available_host_bytes())
+    throw BadInput("diff needs about " + fmt(need / double(1ull << 30), 2) +
+                   " GiB of host memory to hold both arrays; " +
+                   fmt(available_host_bytes() / double(1ull << 30), 2) + " GiB are available");
+  const Tensor a = read_npy(path_a, ha), b = read_npy(path_b, hb);
   // B is the reference: relative errors are measured against it (the harness's comparison).
   const ErrorStats e = compare(a.data, b.data);
   const double max_abs = e.max_abs, b_max = e.ref_max;
@@ -781,13 +818,13 @@ int cmd_bench(BenchArgs a) {
   parse_check_mode(a.check, mode);  // the option accepts auto, full, sampled only
   const bool explicit_steps = !a.steps.empty();
   const std::vector<const Rung*> selected = select_rungs(a.steps);
-  if (!a.json.empty()) check_writable(a.json, "--json");
+  check_outputs({{"--csv", a.csv}, {"--json", a.json}});
   ResultsCsv csv(a.csv);
   const Provenance prov = provenance();
 
   // Which steps take part, and why the others do not (said once, not once per point).
   std::vector<std::string> notes;
-  std::vector<const Step*> steps;
+  std::vector<const Step*> steps, absent;  // absent: built, but no device here to run on
   std::vector<std::string> cpu_capped, fwd_only;
   int no_device = 0;
   const bool cap_cpu = a.preset == "flash" && !explicit_steps;
@@ -799,7 +836,7 @@ int cmd_bench(BenchArgs a) {
     }
     if (const std::string why = cannot_run_here(*r->step); !why.empty()) {
       notes.push_back("not run: " + r->name + ": " + why);
-      ++no_device;
+      absent.push_back(r->step);  // its points are still checked: bad input is exit 2, not 3
       continue;
     }
     steps.push_back(r->step);
@@ -819,20 +856,22 @@ int cmd_bench(BenchArgs a) {
   // machine's memory, is skipped here, before any inputs are made.
   std::vector<BenchPoint> points;
   std::map<std::string, int> unsupported;  // reason -> points, said once
+  std::vector<const Step*> candidates = steps;
+  candidates.insert(candidates.end(), absent.begin(), absent.end());
   size_t group = 0;
   for (int64_t seq : a.seqlens)
     for (int64_t dim : a.dims)
       for (const BlockSparsity& sparsity : sparsities) {
         std::vector<DType> group_dtypes = dtypes;  // default: each step's own dtype
         if (group_dtypes.empty())
-          for (const Step* s : steps)
+          for (const Step* s : candidates)
             if (std::find(group_dtypes.begin(), group_dtypes.end(), s->default_dtype()) ==
                 group_dtypes.end())
               group_dtypes.push_back(s->default_dtype());
         for (DType t : group_dtypes)
           for (int causal : a.causal)
             for (double dropout : a.dropouts)
-              for (const Step* s : steps) {
+              for (const Step* s : candidates) {
                 if (dtypes.empty() && s->default_dtype() != t) continue;
                 if (s->device == Device::cpu && cap_cpu && seq > 1024) continue;
                 for (int bwd = 0; bwd < 2; ++bwd) {
@@ -862,6 +901,10 @@ int cmd_bench(BenchArgs a) {
                     }
                     if (!why.empty()) {
                       ++unsupported[why];
+                      continue;
+                    }
+                    if (std::find(absent.begin(), absent.end(), s) != absent.end()) {
+                      ++no_device;  // a good point, on a step with no device here
                       continue;
                     }
                     points.push_back({s, p, group, variant});
@@ -1046,11 +1089,13 @@ int main_(int argc, char** argv) {
   // Hidden rather than removed, so that using it says what to do instead.
   CLI::Option* compare_variant = compare->get_option("--variant")->group("");
   compare->add_option("--steps", ca.steps, "the rungs to compare (default: all), e.g. 0,1,2")
+      ->check(nonempty())
       ->delimiter(',')
       ->group("Compare");
   compare
       ->add_option("--csv", ca.csv,
                    "append one row per step and direction (results schema) to FILE")
+      ->check(nonempty())
       ->type_name("FILE")
       ->group("Compare");
   compare->footer(
@@ -1088,20 +1133,15 @@ int main_(int argc, char** argv) {
       "diff", "how far two .npy arrays are apart: max abs and relative error, and where");
   std::string diff_a, diff_b;
   double tol = 0;
-  diff->add_option("A", diff_a, "the array to measure (.npy, float32 or float64)")->required();
+  diff->add_option("A", diff_a, "the array to measure (.npy, float32 or float64)")
+      ->check(nonempty())
+      ->required();
   diff->add_option("B", diff_b, "the reference (.npy); relative errors are relative to it")
+      ->check(nonempty())
       ->required();
   CLI::Option* tol_opt =
       diff->add_option("--tol", tol, "exit 1 if max abs error > X or a non-finite value differs")
-          ->check(CLI::Validator(
-              [](std::string& v) -> std::string {
-                char* end = nullptr;
-                const double x = std::strtod(v.c_str(), &end);
-                if (v.empty() || *end != '\0' || !std::isfinite(x) || x < 0)
-                  return "must be a finite number >= 0, got '" + v + "'";
-                return "";
-              },
-              "X"))
+          ->check(real_in(0.0, std::numeric_limits<double>::max(), false))
           ->type_name("X");
   diff->footer(
       "Exit status: 0 (a measurement, not a test) unless --tol is given; 1 outside --tol; 2 "
@@ -1124,46 +1164,53 @@ int main_(int argc, char** argv) {
       ->add_option("--steps", ba.steps,
                    "the rungs (default: all that can run here; naming a CPU step lifts the "
                    "flash preset's seq <= 1024 cap)")
+      ->check(nonempty())
       ->delimiter(',')
       ->group("Sweep");
   bench
       ->add_option("--variants", ba.variants,
                    "default (each step's own), all (every checked variant: the ladder of ideas "
                    "within a rung), or names; a non-default variant's rows say NN/name")
+      ->check(nonempty())
       ->delimiter(',')
       ->group("Sweep");
   bench->add_option("--seqlens", ba.seqlens, "sequence lengths (seq_q = seq_k)")
-      ->check(strict_integer())
+      ->check(integer_in(1, kMaxExtent))
       ->delimiter(',')
       ->group("Sweep");
   bench->add_option("--dims", ba.dims, "head dims")
-      ->check(strict_integer())
+      ->check(integer_in(1, kMaxExtent))
       ->delimiter(',')
       ->group("Sweep");
   bench
       ->add_option("--dropout", ba.dropouts,
                    "dropout rates to sweep, e.g. 0,0.1 (default 0; rungs without dropout skip "
                    "p > 0)")
+      ->check(real_in(0.0, 1.0, true))
       ->delimiter(',')
       ->group("Sweep");
   bench->add_option("--dropout-seed", ba.dropout_seed, "seed of the dropout mask")
+      ->check(unsigned_integer())
       ->capture_default_str()
       ->group("Sweep");
   bench
       ->add_option("--block-sparsity", ba.sparsities,
                    "block masks to sweep: dense, random:RHO (seeded by --seed), local:W; e.g. "
                    "dense,random:0.25 (default dense)")
+      ->check(nonempty())
       ->delimiter(',')
       ->group("Sweep");
   bench
       ->add_option("--mask-block", ba.mask_block,
                    "the masks' block Bm x Bn: N or NxM (default 128)")
+      ->check(nonempty())
       ->group("Sweep");
   bench->add_option("--causal", ba.causal, "0, 1 or both")
-      ->check(CLI::IsMember({0, 1}))
+      ->check(integer_in(0, 1))
       ->delimiter(',')
       ->group("Sweep");
   bench->add_option("--dtype", ba.dtypes, "dtypes (default: each step's own)")
+      ->check(nonempty())
       ->delimiter(',')
       ->group("Sweep");
   bench->add_option("--directions", ba.directions, "fwd, bwd or both (bwd: steps with backward)")
@@ -1171,20 +1218,23 @@ int main_(int argc, char** argv) {
       ->delimiter(',')
       ->group("Sweep");
   bench->add_option("--tokens", ba.tokens, "batch * seq (default: the preset's)")
-      ->check(strict_integer())
+      ->check(integer_in(1, kMaxTensorElems))
       ->group("Sweep");
   bench->add_option("--hidden", ba.hidden, "heads * dim (default: the preset's)")
-      ->check(strict_integer())
+      ->check(integer_in(1, kMaxTensorElems))
       ->group("Sweep");
   bench->add_option("--seed", ba.seed, "seed of the generated inputs")
+      ->check(unsigned_integer())
       ->capture_default_str()
       ->group("Sweep");
   bench
       ->add_option("--repeats", ba.repeats,
                    "timed runs, median reported (default: CPU 3, GPU 20; the flash preset runs "
                    "CPU steps once)")
+      ->check(integer_in(1, 1000000))
       ->group("Running");
   bench->add_option("--warmup", ba.warmup, "untimed runs first (default: CPU 1, GPU 3)")
+      ->check(integer_in(0, 1000000))
       ->group("Running");
   bench
       ->add_option("--check", ba.check,
@@ -1194,9 +1244,11 @@ int main_(int argc, char** argv) {
       ->capture_default_str()
       ->group("Running");
   bench->add_option("--csv", ba.csv, "append the rows to FILE (header written for a new file)")
+      ->check(nonempty())
       ->type_name("FILE")
       ->group("Output");
   bench->add_option("--json", ba.json, "write the rows as a JSON array to FILE (replaced)")
+      ->check(nonempty())
       ->type_name("FILE")
       ->group("Output");
   bench->footer(

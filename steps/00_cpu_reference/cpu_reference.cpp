@@ -38,7 +38,8 @@ const Step& step_00() {
     s.caps.limits = "float64 on the CPU; scratch S and P for 256 query rows at a time";
     s.variants = {{"eigen", "S, P as Eigen matrices, 256 query rows at a time", true}};
     s.workspace = [](const Problem& p, const RunOptions&) {
-      return 3.0 * 256 * double(p.seq_k) * 8;  // S, P and the dropout mask for one block of rows
+      // S, P and the dropout mask for one block of up to 256 rows (fewer when seq_q is short)
+      return 3.0 * std::min<double>(256, double(p.seq_q)) * double(p.seq_k) * 8;
     };
     s.run = [](const Problem& p, const Inputs& in, Outputs& out, const RunOptions& opt) {
       RunResult r;
@@ -52,7 +53,7 @@ const Step& step_00() {
             time_cpu_ms([&] { reference::attention(p, in, out); }, opt.repeats, 0);
         r.bwd_ms = std::max(all_ms - r.fwd_ms, 0.0);
       }
-      r.workspace_bytes = 3.0 * 256 * double(p.seq_k) * 8;
+      r.workspace_bytes = 3.0 * std::min<double>(256, double(p.seq_q)) * double(p.seq_k) * 8;
       return r;
     };
     return s;

@@ -8,7 +8,14 @@ shapes and dtypes, non-finite values, missing and non-regular files, bad block m
 that overflow or exceed the machine, flags out of range), runs a step program or the `ladder`
 driver on each, and checks that every case exits 2 with an "error:" message on stderr, does
 not crash, and leaves the --save folder without a single file. A few valid controls must
-exit 0, so that the corpus cannot pass by refusing everything. Needs only the standard library.
+exit 0, so that the corpus cannot pass by refusing everything.
+
+Every case also runs between two snapshots of the whole temporary folder (each path's type,
+size, link target, and the bytes of files up to 1 MiB): a case that fails may change nothing
+in it, and a case that succeeds only the outputs it names. The second pass (issue #22,
+second_pass()) adds the reproducers of tools that destroyed data, failed runs that overwrote
+outputs, checks in the wrong order, silent defaults, lenient parsing and unbounded reads, each
+with its exit status. Needs only the standard library.
 """
 import os
 import shutil
@@ -16,8 +23,11 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
-BIN, LADDER = sys.argv[1], sys.argv[2]
+BIN, LADDER = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEP = os.path.join(BIN, "02_online_softmax")   # CPU, fp32, masks and dropout
 ORACLE = os.path.join(BIN, "00_cpu_reference")  # float64
 
@@ -142,6 +152,351 @@ def integrity(tmp, good):
           ["02_online_softmax"] and os.listdir(os.path.join(out, "02_online_softmax")) == ["lse.npy"],
           "exit %s, %s" % (r.returncode, sorted(os.listdir(out))))
     return fails
+
+
+def snapshot(root):
+    """Every path under root: (type, size, link target or the bytes of a file up to 1 MiB, or
+    for a larger file its modification time). FIFOs and devices are stat()ed, never opened."""
+    import hashlib
+    import stat
+    snap = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                snap[path] = ("link", os.readlink(path))
+            elif stat.S_ISREG(st.st_mode):
+                if st.st_size <= 1 << 20:
+                    with open(path, "rb") as f:
+                        snap[path] = ("file", hashlib.sha1(f.read()).hexdigest())
+                else:
+                    snap[path] = ("file", st.st_size, st.st_mtime_ns)
+            else:
+                snap[path] = (stat.S_IFMT(st.st_mode),)
+    return snap
+
+
+def changes(before, after, allowed=()):
+    """Paths that changed, appeared or vanished, except under the `allowed` paths."""
+    def mine(p):
+        return any(p == a or p.startswith(a.rstrip(os.sep) + os.sep) for a in allowed)
+    return sorted(p for p in set(before) | set(after)
+                  if before.get(p) != after.get(p) and not mine(p))
+
+
+def raw_npy(header, data=b"", declared=None):
+    """A version-1 .npy with the header text as given (padded to 64 bytes, newline last)."""
+    header += " " * ((64 - (10 + len(header) + 1) % 64) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + data
+
+
+def built_gpu_steps():
+    """The GPU rungs this build has (their programs exist); on this machine they exit 3 for
+    want of a device, so every bad-input case on them must exit 2 first."""
+    return {n for n in ("03_naive_cuda", "04_thread_per_row", "05_shared_memory_fa2",
+                        "06_tensor_core_fa2", "07_wgmma_tma_fa3")
+            if os.path.exists(os.path.join(BIN, n))}
+
+
+def second_pass(tmp, good):
+    """Issue #22's reproducers: (name, argv, expected exit, outputs it may change, cwd,
+    a check afterwards returning an error text or "")."""
+    cases = []
+    sp = os.path.join(tmp, "second")
+    os.makedirs(sp)
+
+    def case(name, argv, want, allowed=(), cwd=None, after=None):
+        cases.append((name, argv, want, allowed, cwd, after))
+
+    step = lambda n: os.path.join(BIN, n)
+    S01, S02 = step("01_three_pass_softmax"), step("02_online_softmax")
+    tiny_bench = [LADDER, "bench", "--steps", "2", "--seqlens", "32", "--dims", "8", "--causal",
+                  "0", "--directions", "fwd", "--repeats", "1", "--warmup", "0"]
+    header = ("step,dtype,batch,heads,heads_kv,seq_q,seq_k,dim,causal,direction,ms,tflops,gbps,"
+              "workspace_bytes,gpu,cuda,commit,dropout,density\n")
+
+    # --- tools that destroyed data: FIFOs, links, folders and one file named twice
+    w = os.path.join(sp, "outputs")
+    os.makedirs(w)
+    os.mkfifo(os.path.join(w, "fifo"))
+    write(os.path.join(w, "real.csv"), header.encode())
+    os.symlink("real.csv", os.path.join(w, "link.csv"))
+    write(os.path.join(w, "r.csv"), (header + "02,fp32,1,1,1,8,8,8,0,fwd,1,1,1,0,cpu,-,x,0,1\n")
+          .encode())
+    os.mkdir(os.path.join(w, "adir"))
+    case("bench_json_fifo", tiny_bench + ["--json", "fifo"], 2, cwd=w)
+    case("bench_csv_fifo", tiny_bench + ["--csv", "fifo"], 2, cwd=w)
+    case("bench_csv_symlink", tiny_bench + ["--csv", "link.csv"], 2, cwd=w)
+    case("bench_json_symlink", tiny_bench + ["--json", "link.csv"], 2, cwd=w)
+    case("bench_json_folder", tiny_bench + ["--json", "adir"], 2, cwd=w)
+    case("bench_csv_json_same", tiny_bench + ["--csv", "r.csv", "--json", "r.csv"], 2, cwd=w)
+    case("bench_csv_json_same_spelled", tiny_bench + ["--csv", "r.csv", "--json", "./adir/../r.csv"],
+         2, cwd=w)
+    case("compare_csv_fifo", [LADDER, "compare", "--steps", "1", "--seq-q", "8", "--seq-k", "8",
+                              "--csv", "fifo"], 2, cwd=w)
+    case("control_bench_csv_json", tiny_bench + ["--csv", "new.csv", "--json", "new.json"], 0,
+         allowed=[os.path.join(w, "new.csv"), os.path.join(w, "new.json")], cwd=w,
+         after=lambda: "" if open(os.path.join(w, "new.json")).read().startswith("[") and
+         open(os.path.join(w, "new.csv")).read().startswith("step,") else "outputs not written")
+
+    # figures.py: a typo in --results, a --readme that is not Markdown, neither rewritten
+    fig = os.path.join(REPO, "tools", "figures.py")
+    fd = os.path.join(sp, "figures")
+    os.makedirs(os.path.join(fd, "results"))
+    write(os.path.join(fd, "README.md"), b"# x\n\n<!-- results:begin -->\nkept\n<!-- results:end -->\n")
+    write(os.path.join(fd, "results.csv"), header.encode())
+    py = sys.executable
+    case("figures_results_typo", [py, fig, "--results", os.path.join(fd, "result"), "--readme",
+                                  os.path.join(fd, "README.md"), "--figures",
+                                  os.path.join(fd, "figs")], 2)
+    case("figures_readme_csv", [py, fig, "--results", os.path.join(fd, "results"), "--readme",
+                                os.path.join(fd, "results.csv"), "--figures",
+                                os.path.join(fd, "figs")], 2)
+    os.makedirs(os.path.join(fd, "broken"))
+    write(os.path.join(fd, "broken", "h100.csv"), (header + "02,fp32,x\n").encode())
+    case("figures_no_usable_row", [py, fig, "--results", os.path.join(fd, "broken"), "--readme",
+                                   os.path.join(fd, "README.md"), "--figures",
+                                   os.path.join(fd, "figs")], 2)
+    case("figures_readme_missing", [py, fig, "--results", os.path.join(fd, "results"),
+                                    "--readme", os.path.join(fd, "READ.md"), "--figures",
+                                    os.path.join(fd, "figs")], 2)
+
+    # exercise.py create --dir steps --force, on a copy of the tools and steps (never on this
+    # checkout): exit 2, and the copy's steps/ exactly as it was.
+    ex = os.path.join(sp, "repo")
+    shutil.copytree(os.path.join(REPO, "steps"), os.path.join(ex, "steps"))
+    os.makedirs(os.path.join(ex, "tools"))
+    shutil.copy(os.path.join(REPO, "tools", "exercise.py"), os.path.join(ex, "tools"))
+    exercise = [py, os.path.join(ex, "tools", "exercise.py")]
+    case("exercise_dir_steps_force", exercise + ["create", "2", "--dir", "steps", "--force"], 2)
+    case("exercise_dir_above_steps", exercise + ["create", "2", "--dir", ".", "--force"], 0,
+         allowed=[os.path.join(ex, "02_online_softmax")])
+    case("exercise_dir_is_file", exercise + ["create", "2", "--dir",
+                                             os.path.join(ex, "tools", "exercise.py")], 2)
+    exd = os.path.join(sp, "exercises")
+    case("control_exercise_create", exercise + ["create", "2", "--dir", exd], 0, allowed=[exd])
+    case("exercise_force_keeps_backup", exercise + ["create", "2", "--dir", exd, "--force"], 0,
+         allowed=[exd], after=lambda: "" if len(os.listdir(os.path.join(exd, ".backup"))) == 1 and
+         os.path.isdir(os.path.join(exd, "02_online_softmax")) and
+         not [n for n in os.listdir(exd) if n.startswith(".02")] else
+         "exercises/: %s" % sorted(os.listdir(exd)))
+
+    # ladder compare --save D: a step folder of an earlier comparison loses its outputs (the
+    # folder and other files stay); this run's folders hold its outputs.
+    cd = os.path.join(sp, "compare_save")
+    os.makedirs(os.path.join(cd, "02_online_softmax"))
+    write(os.path.join(cd, "02_online_softmax", "o.npy"), b"earlier")
+    write(os.path.join(cd, "02_online_softmax", "mine.txt"), b"mine")
+    write(os.path.join(cd, "notes.txt"), b"mine")
+    case("compare_save_clears_earlier_steps",
+         [LADDER, "compare", "--steps", "0,1", "--seq-q", "9", "--seq-k", "9", "--save", cd], 0,
+         allowed=[os.path.join(cd, n) for n in ("00_cpu_reference", "01_three_pass_softmax")] +
+         [os.path.join(cd, "02_online_softmax", "o.npy")],
+         after=lambda: "" if os.listdir(os.path.join(cd, "02_online_softmax")) == ["mine.txt"] and
+         sorted(os.listdir(os.path.join(cd, "01_three_pass_softmax"))) == ["lse.npy", "o.npy"]
+         else "folders: %s" % [(d, sorted(os.listdir(os.path.join(cd, d)))) for d in
+                               os.listdir(cd) if os.path.isdir(os.path.join(cd, d))])
+
+    # --- a failed run writes nothing; inputs that would overflow are refused on every rung
+    out = os.path.join(sp, "failed_save")
+    os.makedirs(out)
+    write(os.path.join(out, "o.npy"), b"good")
+    write(os.path.join(out, "lse.npy"), b"good")
+    case("failed_check_keeps_save", [S01, "--variant", "unsafe", "--inputs", "large", "--save",
+                                     out], 1)
+    huge_v = inputs(os.path.join(sp, "v_3e38"), **{"v.npy": npy(SHAPE_KV, values=[3e38] * 368)})
+    for n in ("01_three_pass_softmax", "02_online_softmax"):
+        case("v_3e38_" + n[:2], [step(n), "--load", huge_v, "--save", os.path.join(sp, "o3e38")], 2)
+    case("v_3e38_compare", [LADDER, "compare", "--steps", "1,2", "--load", huge_v], 2)
+    big_qk = inputs(os.path.join(sp, "qk_1e20"), **{"q.npy": npy(SHAPE_Q, values=[1e20] * 272),
+                                                    "k.npy": npy(SHAPE_KV, values=[1e20] * 368)})
+    case("scores_overflow_fp32", [S01, "--load", big_qk], 2)
+    case("control_v_1e30", [S02, "--load", inputs(os.path.join(sp, "v_1e30"), **{
+        "v.npy": npy(SHAPE_KV, values=[1e30] * 368)})], 0)
+    case("control_v_3e38_fp64", [step("00_cpu_reference"), "--load", huge_v], 0)
+
+    # --- checks in the wrong order: bad input is exit 2 before any device is asked for
+    nan_dir = inputs(os.path.join(sp, "nan"), **{"q.npy": npy(SHAPE_Q, values=[float("nan")])})
+    gpu = built_gpu_steps()
+    order_cases = [
+        ("06_tensor_core_fa2", ["--dim", "64", "--block-sparsity", "random:0.5", "--mask-block",
+                                "64"]),
+        ("05_shared_memory_fa2", ["--block-sparsity", "random:0.5", "--mask-block", "100"]),
+        ("03_naive_cuda", ["--load", nan_dir]),
+        ("04_thread_per_row", ["--load", huge_v]),
+        ("03_naive_cuda", ["--dtype", "fp8"]),
+        ("07_wgmma_tma_fa3", ["--dim", "17"]),
+    ]
+    skipped = []
+    for n, argv in order_cases:
+        if n in gpu:
+            case("order_" + n[:2] + "_" + argv[0].strip("-"), [step(n)] + argv, 2)
+        else:
+            skipped.append(n)
+    if "04_thread_per_row" in gpu:
+        case("order_compare_dim_17", [LADDER, "compare", "--steps", "4", "--dim", "17"], 2)
+    else:
+        skipped.append("ladder compare --steps 4")
+    if skipped:
+        print("note: not built here, so not asserted: " + ", ".join(sorted(set(skipped))))
+
+    # --- silent defaults and lenient parsing
+    for flag in ("--load", "--save", "--block-mask", "--block-sparsity", "--mask-block",
+                 "--dtype", "--variant", "--inputs", "--check"):
+        case("empty" + flag.replace("-", "_"), [S02, flag, ""], 2)
+    case("save_f64_without_save", [S02, "--save-f64"], 2)
+    for name, argv in {"seed_space_minus_one": ["--seed", " -1"], "seed_minus_one": ["--seed", "-1"],
+                       "seed_trailing_space": ["--seed", "1 "], "batch_space": ["--batch", " 2"],
+                       "dropout_space": ["--dropout", " 0.1"], "repeats_suffix": ["--repeats", "3x"],
+                       "seq_plus_hex": ["--seq-q", "0x10"], "mask_block_space": [
+                           "--block-sparsity", "local:1", "--mask-block", " 64"],
+                       "sparsity_rho_space": ["--block-sparsity", "random: 0.5"],
+                       "dtype_space": ["--dtype", "fp32 "]}.items():
+        case(name, [S02] + argv, 2)
+    for name, argv in {"repeats_0": ["--repeats", "0"], "repeats_minus_1": ["--repeats", "-1"],
+                       "warmup_minus_5": ["--warmup", "-5"], "tokens_0": ["--tokens", "0"],
+                       "hidden_0": ["--hidden", "0"], "seqlens_empty": ["--seqlens", ""],
+                       "csv_empty": ["--csv", ""], "json_empty": ["--json", ""],
+                       "seed_negative": ["--seed", "-1"], "causal_2": ["--causal", "2"],
+                       "steps_empty": ["--steps", ""]}.items():
+        case("bench_" + name, tiny_bench + argv, 2)
+    case("compare_steps_empty", [LADDER, "compare", "--steps", ""], 2)
+    case("diff_tol_space", [LADDER, "diff", os.path.join(good, "k.npy"),
+                            os.path.join(good, "v.npy"), "--tol", " 1"], 2)
+
+    # the .npy header grammar
+    body = struct.pack("<272f", *([0.5] * 272))
+    for name, hdr in {
+            "fortran_order_1": "{'descr': '<f4', 'fortran_order': 1, 'shape': (1, 2, 17, 8), }",
+            "fortran_order_maybe": "{'descr': '<f4', 'fortran_order': Maybe, 'shape': (1, 2, 17, 8), }",
+            "shape_double_comma": "{'descr': '<f4', 'fortran_order': False, 'shape': (1,, 2, 17, 8), }",
+            "no_braces": "'descr': '<f4', 'fortran_order': False, 'shape': (1, 2, 17, 8),",
+            "descr_inside_key": "{'fortran_order': False, 'shape': (1, 2, 17, 8), "
+                                "'x': \"'descr': '<f4'\"}",
+            "unknown_key": "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 2, 17, 8), "
+                           "'extra': 1}",
+            "duplicate_key": "{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, "
+                             "'shape': (1, 2, 17, 8)}",
+            "text_after_dict": "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 2, 17, 8)} x",
+            "shape_negative": "{'descr': '<f4', 'fortran_order': False, 'shape': (1, -2, 17, 8)}",
+            "shape_not_tuple": "{'descr': '<f4', 'fortran_order': False, 'shape': [1, 2, 17, 8]}",
+            "missing_shape": "{'descr': '<f4', 'fortran_order': False}",
+            "descr_padded": "{'descr': '<f4 ', 'fortran_order': False, 'shape': (1, 2, 17, 8)}",
+    }.items():
+        d = inputs(os.path.join(sp, "hdr_" + name), **{"q.npy": raw_npy(hdr, body)})
+        case("npy_" + name, [S02, "--load", d], 2)
+    case("npy_one_element_no_comma", [LADDER, "diff", os.path.join(sp, "one.npy"),
+                                      os.path.join(sp, "one.npy")], 2)
+    write(os.path.join(sp, "one.npy"), raw_npy("{'descr': '<f4', 'fortran_order': False, "
+                                               "'shape': (3)}", struct.pack("<3f", 1, 2, 3)))
+    write(os.path.join(sp, "one_ok.npy"), raw_npy("{\"descr\":\"<f4\",\"fortran_order\":False,"
+                                                  "\"shape\":(3,)}", struct.pack("<3f", 1, 2, 3)))
+    case("control_npy_compact_header", [LADDER, "diff", os.path.join(sp, "one_ok.npy"),
+                                        os.path.join(sp, "one_ok.npy"), "--tol", "0"], 0)
+
+    # --- resources: sizes checked against the headers before any data is read (sparse files:
+    # no disk is used)
+    big_mask = os.path.join(sp, "mask_400M.npy")
+    with open(big_mask, "wb") as f:
+        f.write(raw_npy("{'descr': '|u1', 'fortran_order': False, 'shape': (1, 1, 20000, 20000), }"))
+        f.truncate(f.tell() + 20000 * 20000)
+    case("mask_400M_entries_refused_fast", [S02, "--seq-q", "16", "--seq-k", "16", "--block-mask",
+                                            big_mask, "--mask-block", "16"], 2)
+    big = os.path.join(sp, "big_12G.npy")
+    with open(big, "wb") as f:
+        f.write(raw_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (3000000000,), }"))
+        f.truncate(f.tell() + 4 * 3000000000)
+    case("diff_12G_shapes_first", [LADDER, "diff", big, os.path.join(good, "k.npy")], 2)
+    blocked = os.path.join(sp, "save_dq_dir")
+    os.makedirs(os.path.join(blocked, "dq.npy"))
+    case("save_stale_name_is_folder", [S02, "--seq-q", "8", "--seq-k", "8", "--save", blocked], 2)
+    linked = os.path.join(sp, "save_o_link")
+    os.makedirs(linked)
+    os.symlink(os.path.join(sp, "nowhere"), os.path.join(linked, "o.npy"))
+    case("save_output_is_symlink", [S02, "--seq-q", "8", "--seq-k", "8", "--save", linked], 2)
+    return cases
+
+
+def run_case(name, argv, want, allowed, cwd, tmp, after=None):
+    """Runs one case between two snapshots of tmp; returns a failure text or ""."""
+    before = snapshot(tmp)
+    t0 = time.time()
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=cwd)
+        rc, err = r.returncode, r.stderr
+    except subprocess.TimeoutExpired:
+        rc, err = "timeout", ""
+    took = time.time() - t0
+    changed = changes(before, snapshot(tmp), allowed if want == 0 else ())
+    problems = []
+    if rc != want:
+        problems.append("exit %s (want %d)" % (rc, want))
+    if want == 2 and "error:" not in err:
+        problems.append("no error: message")
+    if "Traceback" in err or "Success" in err:
+        problems.append("a traceback or a 'Success' error")
+    if changed:
+        problems.append("changed %s" % [os.path.relpath(p, tmp) for p in changed[:5]])
+    if want == 2 and took > 20:
+        problems.append("took %.0f s to refuse" % took)
+    if not problems and after:
+        problems += [a for a in [after()] if a]
+    if problems:
+        return "%s\n     %s\n     stderr: %s" % ("; ".join(problems), " ".join(argv)[:300],
+                                                   err.strip()[-400:])
+    print("ok   %-34s exit %s  %s" % (name, rc, err.strip().splitlines()[-1][:100]
+                                      if err.strip() else ""))
+    return ""
+
+
+def concurrent_saves(tmp, rounds=12):
+    """Two saves into one folder at once (a forward and a backward run) end with one of them
+    whole: exit 0 both, the folder holding exactly one run's files and no temporary."""
+    out = os.path.join(tmp, "concurrent")
+    oracle = os.path.join(BIN, "00_cpu_reference")
+    base = [oracle, "--seq-q", "9", "--seq-k", "9", "--repeats", "1", "--warmup", "0", "--save",
+            out]
+    bad = []
+    for k in range(rounds):
+        procs = [subprocess.Popen(base, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  text=True),
+                 subprocess.Popen(base + ["--backward"], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True)]
+        errs = [p.communicate()[1] for p in procs]
+        names = sorted(os.listdir(out))
+        if [p.returncode for p in procs] != [0, 0] or names not in (
+                ["lse.npy", "o.npy"], ["dk.npy", "dq.npy", "dv.npy", "lse.npy", "o.npy"]):
+            bad.append("round %d: exit %s, files %s, %s" % (k, [p.returncode for p in procs],
+                                                             names, " ".join(errs)[-200:]))
+    print(("ok   " if not bad else "FAIL ") + "%-34s %d rounds %s" % (
+        "concurrent_saves", rounds, bad[:2] if bad else ""))
+    return len(bad) > 0
+
+
+def estimate_within_2x(tmp):
+    """The memory a run is estimated to need is within 2x of what it peaks at (a full check of
+    a long key sequence, where the oracle's scratch dominates)."""
+    import re
+    if "ASAN_OPTIONS" in os.environ:  # the asan build: its shadow memory is not the run's
+        print("ok   %-34s not measured under AddressSanitizer" % "memory_estimate_within_2x")
+        return False
+    argv = [os.path.join(BIN, "01_three_pass_softmax"), "--heads", "2", "--seq-q", "64",
+            "--seq-k", "150000", "--dim", "1", "--repeats", "1", "--warmup", "0"]
+    env = dict(os.environ, LADDER_HOST_MEMORY="1")
+    m = re.search(r"needs about ([0-9.]+) GiB", subprocess.run(
+        argv, capture_output=True, text=True, env=env).stderr)
+    probe = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, "
+             "stdout=subprocess.DEVNULL); print(resource.getrusage(resource.RUSAGE_CHILDREN)"
+             ".ru_maxrss)")
+    r = subprocess.run([sys.executable, "-c", probe] + argv, capture_output=True, text=True)
+    ok = m is not None and r.returncode == 0
+    est = float(m.group(1)) * 2 ** 30 if m else 0
+    peak = int(r.stdout.strip() or 0) * 1024
+    ok = ok and peak / 2 <= est <= 2 * peak
+    print(("ok   " if ok else "FAIL ") + "%-34s estimate %.0f MiB, peak %.0f MiB" % (
+        "memory_estimate_within_2x", est / 2 ** 20, peak / 2 ** 20))
+    return not ok
 
 
 def main():
@@ -298,20 +653,18 @@ def main():
     for name, argv, want in cases:
         out = os.path.join(tmp, "out_" + name)
         full = argv + (["--save", out] if argv[0] != LADDER and "--save" not in argv else [])
-        try:
-            r = subprocess.run(full, capture_output=True, text=True, timeout=120)
-            rc, err = r.returncode, r.stderr
-        except subprocess.TimeoutExpired:
-            rc, err = "timeout", ""
-        wrote = os.path.exists(out) and (want != 0 and bool(os.listdir(out)))
-        ok = rc == want and not wrote and (want == 0 or "error:" in err)
-        if not ok:
+        why = run_case(name, full, want, [out], None, tmp)
+        if why:
             failures += 1
-            print("FAIL %-28s exit %s (want %d)%s\n     %s\n     stderr: %s" % (
-                name, rc, want, ", wrote files" if wrote else "", " ".join(full)[:300],
-                err.strip()[:400]))
-        else:
-            print("ok   %-28s exit %s  %s" % (name, rc, err.strip().splitlines()[0][:110] if err.strip() else ""))
+            print("FAIL %-34s %s" % (name, why))
+    for name, argv, want, allowed, cwd, after in second_pass(tmp, good):
+        why = run_case(name, argv, want, allowed, cwd, tmp, after)
+        if why:
+            failures += 1
+            print("FAIL %-34s %s" % (name, why))
+        cases.append(name)
+    failures += concurrent_saves(tmp)
+    failures += estimate_within_2x(tmp)
     shutil.rmtree(tmp, ignore_errors=True)
     print("%d cases, %d failed" % (len(cases), failures))
     return 1 if failures else 0
