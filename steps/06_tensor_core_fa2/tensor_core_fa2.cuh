@@ -529,7 +529,8 @@ __device__ __forceinline__ void p_fragment(uint32_t (&a)[4], const float (&s)[kN
 
 // Epilogue, rows: l_i. Each lane summed its own columns; the quad adds its four partial sums
 // once, here, instead of once per tile. Then one division per row, by l_i and, with dropout,
-// by 1 - p (l_i summed the undropped P: LSE is unaffected); LSE_i = scale m_i + log l_i.
+// by 1 - p (l_i summed the undropped P: LSE is unaffected); LSE_i = scale m_i + log l_i, into
+// plane bh of LSE.
 template <class C, bool kDropout, class Args>
 __device__ __forceinline__ void finish_rows(float (&inv_l)[C::kSlices][2],
                                             const float (&row_m)[C::kSlices][2],
@@ -554,7 +555,8 @@ __device__ __forceinline__ void finish_rows(float (&inv_l)[C::kSlices][2],
 }
 
 // Epilogue, O_i = O_i / l_i rounded to T, stored to O (rows i0.., M rows in all): through
-// shared memory for 16-byte stores (kStagedStore), or straight from the fragments.
+// shared memory for 16-byte stores (kStagedStore), or straight from the fragments. O is formed
+// here, from the base and the plane bh: formed in the kernel, ptxas was given other code.
 template <class C, class T>
 __device__ __forceinline__ void store_o(T* O_base, size_t bh, T* sQ,
                                         const float (&acc_o)[C::kSlices][C::kD / 8][4],
