@@ -913,6 +913,118 @@ def check_paths(results, out_dir, readme):
         raise UsageError(f"--figures {out_dir}: exists and is not a folder")
 
 
+# ---------------------------------------------------------------------------------------------
+# The step READMEs' measured tables
+
+
+STEP_BEGIN, STEP_END = "<!-- step-results:begin -->", "<!-- step-results:end -->"
+# The ceiling a row's % is taken of: the FFMA rate for fp32; for 16 bit the instruction the rung
+# is built on (mma.sync, or wgmma for rung 07, measured in bf16 only).
+STEP_CEILING = {"fp32": "fp32_ffma", "bf16": "mma_sync_bf16", "fp16": "mma_sync_fp16"}
+STEP_CEILING_BY_STEP = {"07": {"bf16": "wgmma_bf16", "fp16": "wgmma_bf16"}}
+
+
+def step_results_block(number, readme_dir, data, all_ceilings):
+    """The lines between a step README's markers: for each results file, the step's TFLOP/s at
+    the flash-attention shapes (dense, no dropout) and their % of the measured ceiling, every
+    variant measured at one seq (4096 when the default variant has it, else the seq with the most
+    rows of it), each row with the commit it was measured at."""
+    rel = lambda path: Path(os.path.relpath(Path(path).resolve(), readme_dir)).as_posix()
+    out = []
+    for path, rows in data:
+        mine = [r for r in rows if r.step.split("/")[0] == number and r.plain and r.flash_shape
+                and r.tflops > 0]
+        if not mine:
+            out += [f"No rows for this step in [`{shown(path)}`]({rel(path)})"
+                    + (": it runs on the CPU, and the committed timings are of the GPU rungs "
+                       "(`build/ladder bench` times it on your machine)." if number in CPU_RUNGS
+                       else "."), ""]
+            continue
+        # 4096 when the default variant was measured there, else the seq with the most rows.
+        count = defaultdict(int)
+        for r in mine:
+            count[r.seq_q] += not r.variant
+        seq = TABLE_SEQ if count[TABLE_SEQ] else max(count, key=lambda s: (count[s], s))
+        at = [r for r in mine if r.seq_q == seq]
+        ceil = ceilings_for(all_ceilings, rows)
+        used = {}  # ceiling name -> Ceiling, for the sentence under the table
+
+        def cell(r):
+            if r is None:
+                return "—"
+            name = STEP_CEILING_BY_STEP.get(number, {}).get(r.dtype, STEP_CEILING.get(r.dtype))
+            c = ceil.get(name)
+            if c is None:
+                return fmt_tf(r.tflops)
+            used[name] = c
+            return f"{fmt_tf(r.tflops)} ({100 * r.tflops / c.value:.0f} %)"
+
+        # The default variant first, then the others in the order their newest rows were
+        # written (the order of the sweep that measured them, the descriptor's).
+        variants = []
+        for r in at:
+            v = r.step.split("/")[1] if r.variant else ""
+            if v not in variants:
+                variants.append(v)
+        variants.sort(key=lambda v: v != "")
+        gpu = ", ".join(unique(r.gpu for r in at)) or path.stem
+        cuda = ", ".join(unique(r.cuda for r in at))
+        out += [f"**{gpu}**" + (f", CUDA {cuda}" if cuda else "") +
+                f": TFLOP/s at seq {seq} (B = {max(1, TOKENS // seq)}, H·d = {HIDDEN}), dense, "
+                f"no dropout, from [`{shown(path)}`]({rel(path)}); in brackets, the % of the "
+                "measured ceiling named below the table; — where no row was measured.", "",
+                "| variant | dtype | d | causal | fwd | bwd | commit |",
+                "|---|---|--:|---|--:|--:|---|"]
+        points = sorted({(r.dtype, r.dim, r.causal) for r in at},
+                        key=lambda k: (("fp32", "bf16", "fp16", "fp64").index(k[0])
+                                       if k[0] in ("fp32", "bf16", "fp16", "fp64") else 9,
+                                       k[1], k[2]))
+        for v in variants:
+            step = f"{number}/{v}" if v else number
+            for dtype, dim, causal in points:
+                by_dir = {r.direction: r for r in at if r.step == step and
+                          (r.dtype, r.dim, r.causal) == (dtype, dim, causal)}
+                if not by_dir:
+                    continue
+                commits = unique(r.commit for r in by_dir.values())
+                out.append(f"| {v or '(default)'} | {dtype} | {dim} | "
+                           f"{'yes' if causal else 'no'} | {cell(by_dir.get('fwd'))} | "
+                           f"{cell(by_dir.get('bwd'))} | {', '.join(commits) or '—'} |")
+        if used:
+            out += ["", "Ceilings (measured by `tools/ceilings.cu`, [`ceilings.csv`]"
+                    f"({rel(Path(path).parent / CEILINGS_FILE)})): " + "; ".join(
+                        f"{n} {c.value:g} {c.unit} (commit {c.commit})"
+                        for n, c in sorted(used.items())) + "."]
+        else:
+            out += ["", "No ceiling measured for this GPU: no % shown."]
+        out.append("")
+    return out
+
+
+def update_step_readmes(data, all_ceilings):
+    """Rewrites the block between the step-results markers of every steps/NN_*/README.md that
+    has them (a README without them is left alone). Returns the READMEs changed."""
+    changed = []
+    for number, name in sorted(rung_names().items()):
+        readme = ROOT / "steps" / name / "README.md"
+        if not readme.is_file():
+            continue
+        text = readme.read_text(encoding="utf-8")
+        if not (STEP_BEGIN in text and STEP_END in text and
+                text.index(STEP_BEGIN) < text.index(STEP_END)):
+            continue
+        body = step_results_block(number, readme.parent, data, all_ceilings) if data else [
+            "No results yet: `python3 tools/figures.py` writes this table from "
+            "`notes/results/<gpu>.csv`."]
+        a, b = text.index(STEP_BEGIN), text.index(STEP_END) + len(STEP_END)
+        new = (text[:a] + STEP_BEGIN + "\n" + "\n".join(body).rstrip("\n") + "\n" + STEP_END +
+               text[b:])
+        if new != text:
+            write_replacing(readme, new)
+            changed.append(readme)
+    return changed
+
+
 NO_RESULTS = ("No results yet. On a machine with an NVIDIA GPU, `tools/gpu_check.sh bench peers` "
               "measures the rungs and PyTorch's SDPA peers side by side into one CSV; saved as "
               "`notes/results/<gpu>.csv`, `python3 tools/figures.py` draws the figures and this "
@@ -951,6 +1063,8 @@ def main(argv=None):
         print(f"figures: error: no usable row in {', '.join(shown(p) for p in files)} (see "
               f"above); {readme.name} and the figures were left as they are", file=sys.stderr)
         return 2
+    for w in update_step_readmes(data, all_ceilings):
+        print(f"figures: {shown(w)} measured table updated")
     if not data:
         changed = update_readme(readme, NO_RESULTS)
         print(f"figures: no results in {results}: {readme.name} says so"

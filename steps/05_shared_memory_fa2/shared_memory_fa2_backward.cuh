@@ -142,6 +142,73 @@ constexpr size_t bwd_smem_bytes() {
          size_t((2 * kBrBwd + 2 * kBc) * L::kLd + 2 * kBrBwd * L::kLdP + 3 * kBrBwd);
 }
 
+// ---- the main kernel's steps, each inlined into backward_kernel below ----
+
+// Q_i and dO_i (rows from q_off, `rows` of them) into Qs and dOs; LSE_i (+inf where -inf or
+// past the end), its residual and D_i (rows q_head + i0 ..) into Ls, Lo and Ds.
+template <int D, class Args>
+__device__ __forceinline__ void load_q_tile(float* Qs, float* dOs, float* Ls, float* Lo, float* Ds,
+                                            const Args& p, size_t q_head, int i0, int rows,
+                                            size_t q_off, int tid) {
+  using L = Layout<D>;
+  load_tiles<D, 2>(
+      {TileCopy{Qs, p.q + q_off, L::kLd, rows}, TileCopy{dOs, p.dout + q_off, L::kLd, rows}},
+      kBrBwd, tid, kBwdThreads);
+  if (tid < kBrBwd) {
+    const float lse = tid < rows ? p.lse[q_head + i0 + tid] : -INFINITY;
+    // exp(S - (+inf)) = 0 for every finite S: a row with no visible key (LSE = -inf) or
+    // past the end gets P = 0 with no test per element, and never -inf - -inf = NaN.
+    Ls[tid] = lse == -INFINITY ? INFINITY : lse;
+    Lo[tid] = tid < rows ? p.lse_lo[q_head + i0 + tid] : 0.f;
+    Ds[tid] = tid < rows ? p.dsum[q_head + i0 + tid] : 0.f;
+  }
+}
+
+// Dropout's Z_ij of this thread's 16 elements (query head hk * group + g of batch b; rows
+// i0 + ty + 16r, keys j0 + tx + 16c): dP_ij becomes dP_ij o Z_ij / (1 - p). Returns Z as bits
+// 4r + c, for P_ij o Z_ij.
+template <class Args>
+__device__ __forceinline__ uint32_t drop_dp(float (&dp)[4][kTN], const Args& p, int b, int hk,
+                                            int g, int i0, int j0, int ty, int tx) {
+  uint32_t kept_bits = 0;
+#pragma unroll 1
+  for (int e = 0; e < 4 * kTN; ++e) {
+    const int i = i0 + ty + kTX * (e / kTN), j = j0 + tx + kTX * (e % kTN);
+    kept_bits |= uint32_t(dropout::keep(p.f.seed, p.f.drop_thresh, b, hk * p.group + g, i, j)) << e;
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int c = 0; c < kTN; ++c)
+      dp[r][c] = (kept_bits >> (4 * r + c)) & 1u ? dp[r][c] * p.f.drop_scale : 0.f;
+  return kept_bits;
+}
+
+// dK_j = scale * sum dS^T Q, dV_j = sum P^T dO (with dropout, times 1 / (1 - p)): written
+// once, by the only block that owns them (keys 4ty + r from kv_off, `keys` of them).
+template <int D, bool kDropout, class Args>
+__device__ __forceinline__ void store_dk_dv(const float (&dk)[4][Layout<D>::kCols],
+                                            const float (&dv)[4][Layout<D>::kCols], const Args& p,
+                                            size_t kv_off, int keys, int ty, int tx) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int j = 4 * ty + r;
+    if (j >= keys) continue;
+    const size_t row = kv_off + size_t(j) * D + 2 * tx;
+#pragma unroll
+    for (int c = 0; c < D / 32; ++c) {
+      *reinterpret_cast<float2*>(p.dk + row + 32 * c) =
+          make_float2(p.scale * dk[r][2 * c], p.scale * dk[r][2 * c + 1]);
+      if constexpr (kDropout)  // dV_j summed P o Z: now the 1 / (1 - p)
+        *reinterpret_cast<float2*>(p.dv + row + 32 * c) =
+            make_float2(p.f.drop_scale * dv[r][2 * c], p.f.drop_scale * dv[r][2 * c + 1]);
+      else
+        *reinterpret_cast<float2*>(p.dv + row + 32 * c) =
+            make_float2(dv[r][2 * c], dv[r][2 * c + 1]);
+    }
+  }
+}
+
 template <int D, bool kDropout = false, bool kSparse = false>
 __global__ void __launch_bounds__(kBwdThreads)
     backward_kernel(const BwdArgsFor<kDropout, kSparse> p) {
@@ -194,17 +261,7 @@ __global__ void __launch_bounds__(kBwdThreads)
       const int i0 = it * kBrBwd, rows = min(kBrBwd, p.seq_q - i0);
       const size_t q_off = (q_head + i0) * D;
       __syncthreads();  // the last Q tile is done with Q_i, dO_i, P_ij, dS_ij, L_i, D_i
-      load_tiles<D, 2>(
-          {TileCopy{Qs, p.q + q_off, L::kLd, rows}, TileCopy{dOs, p.dout + q_off, L::kLd, rows}},
-          kBrBwd, tid, kBwdThreads);
-      if (tid < kBrBwd) {
-        const float lse = tid < rows ? p.lse[q_head + i0 + tid] : -INFINITY;
-        // exp(S - (+inf)) = 0 for every finite S: a row with no visible key (LSE = -inf) or
-        // past the end gets P = 0 with no test per element, and never -inf - -inf = NaN.
-        Ls[tid] = lse == -INFINITY ? INFINITY : lse;
-        Lo[tid] = tid < rows ? p.lse_lo[q_head + i0 + tid] : 0.f;
-        Ds[tid] = tid < rows ? p.dsum[q_head + i0 + tid] : 0.f;
-      }
+      load_q_tile<D>(Qs, dOs, Ls, Lo, Ds, p, q_head, i0, rows, q_off, tid);
       __syncthreads();
 
       float s[4][kTN] = {}, dp[4][kTN] = {};
@@ -215,29 +272,17 @@ __global__ void __launch_bounds__(kBwdThreads)
       // one Philox call each, in a rolled loop as in the forward); dP_ij becomes
       // dP_ij o Z_ij / (1 - p) here, P_ij becomes P_ij o Z_ij after the exercise below.
       [[maybe_unused]] uint32_t kept_bits = 0;
-      if constexpr (kDropout) {
-#pragma unroll 1
-        for (int e = 0; e < 4 * kTN; ++e) {
-          const int i = i0 + ty + kTX * (e / kTN), j = j0 + tx + kTX * (e % kTN);
-          kept_bits |= uint32_t(dropout::keep(p.f.seed, p.f.drop_thresh, b, hk * p.group + g, i, j))
-                       << e;
-        }
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-#pragma unroll
-          for (int c = 0; c < kTN; ++c)
-            dp[r][c] = (kept_bits >> (4 * r + c)) & 1u ? dp[r][c] * p.f.drop_scale : 0.f;
-      }
-      // EXERCISE BEGIN backward-ds [medium]
-      // Concept: P recomputed from the saved LSE instead of stored, and the softmax backward
-      // dS from P, dP and D.
-      //
-      // For this thread's 4 x kTN elements (row ty + 16r, key tx + 16c of the tile): write P_ij
-      // to Ps and dS_ij to dSs at [row * kLdP + key]. P is not stored anywhere: recompute it
-      // from s[r][c] (= Q_i . K_j, unscaled) and the saved row statistics Ls (LSE, +inf for a
-      // row with no visible key) and Lo (its rounding residual), rounding scale * S exactly as
-      // the forward did (scale_and_mask). dp[r][c] holds dP_ij (dropout already applied) and Ds
-      // the rows' D_i. A key the tile's causal mask or the sequence end hides has P = 0.
+      if constexpr (kDropout) kept_bits = drop_dp(dp, p, b, hk, g, i0, j0, ty, tx);
+        // EXERCISE BEGIN backward-ds [medium]
+        // Concept: P recomputed from the saved LSE instead of stored, and the softmax backward
+        // dS from P, dP and D.
+        //
+        // For this thread's 4 x kTN elements (row ty + 16r, key tx + 16c of the tile): write P_ij
+        // to Ps and dS_ij to dSs at [row * kLdP + key]. P is not stored anywhere: recompute it
+        // from s[r][c] (= Q_i . K_j, unscaled) and the saved row statistics Ls (LSE, +inf for a
+        // row with no visible key) and Lo (its rounding residual), rounding scale * S exactly as
+        // the forward did (scale_and_mask). dp[r][c] holds dP_ij (dropout already applied) and Ds
+        // the rows' D_i. A key the tile's causal mask or the sequence end hides has P = 0.
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int i = ty + kTX * r;
@@ -291,24 +336,7 @@ __global__ void __launch_bounds__(kBwdThreads)
     }
   }
 
-  // dK_j = scale * sum dS^T Q, dV_j = sum P^T dO: written once, by the only block that owns them.
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int j = 4 * ty + r;
-    if (j >= keys) continue;
-    const size_t row = kv_off + size_t(j) * D + 2 * tx;
-#pragma unroll
-    for (int c = 0; c < D / 32; ++c) {
-      *reinterpret_cast<float2*>(p.dk + row + 32 * c) =
-          make_float2(p.scale * dk[r][2 * c], p.scale * dk[r][2 * c + 1]);
-      if constexpr (kDropout)  // dV_j summed P o Z: now the 1 / (1 - p)
-        *reinterpret_cast<float2*>(p.dv + row + 32 * c) =
-            make_float2(p.f.drop_scale * dv[r][2 * c], p.f.drop_scale * dv[r][2 * c + 1]);
-      else
-        *reinterpret_cast<float2*>(p.dv + row + 32 * c) =
-            make_float2(dv[r][2 * c], dv[r][2 * c + 1]);
-    }
-  }
+  store_dk_dv<D, kDropout>(dk, dv, p, kv_off, keys, ty, tx);
 }
 
 template <int D, bool kDropout, bool kSparse>

@@ -261,6 +261,203 @@ __global__ void __launch_bounds__(kPrepassThreads) backward_prepass_kernel(const
     z[x] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
+// ---- the main kernel's steps ----
+// Pieces of backward_kernel below, inlined into it; the item loop's own steps (S^T, P^T, dP^T,
+// dS^T, dV_j and dK_j) are written out in the kernel. An item is one (query head of the GQA
+// group, Q tile i); per warp, the C fragments of its 16 keys x the item's Br queries.
+
+// An item: one (query head of the GQA group, Q tile i).
+struct BwdItem {
+  size_t bh;  // batch * heads + query head
+  int i0;     // first query row of the tile
+};
+
+// dK_j = dV_j = 0.
+template <class C>
+__device__ __forceinline__ void zero_dk_dv(float (&acc_dk)[C::kD / 8][4],
+                                           float (&acc_dv)[C::kD / 8][4]) {
+#pragma unroll
+  for (int nd = 0; nd < C::kD / 8; ++nd)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_dk[nd][e] = 0.f, acc_dv[nd][e] = 0.f;
+}
+
+// This lane's keys (key0 and key0 + 8: rows g and g + 8 of the warp's slice) see queries
+// q >= q_min: the causal boundary, shifted to no query at all for keys past N.
+__device__ __forceinline__ void first_queries(int (&q_min)[2], int key0, bool causal, int M,
+                                              int N) {
+#pragma unroll
+  for (int rh = 0; rh < 2; ++rh) {
+    const int key = key0 + rh * 8;
+    q_min[rh] = key >= N ? M : (causal ? key - (N - M) : 0);
+  }
+}
+
+// Q_i, dO_i (zero-filled past M), L_i and D_i (zero past M) of an item into stage s.
+template <class C, class T, class Args>
+__device__ __forceinline__ void load_item(const BwdItem& it, int s, T* sQ, T* sdO, float* sL,
+                                          float* sD, const T* Q, const T* dO, const Args& p, int M,
+                                          int tid) {
+  constexpr int kBr = C::kBr, D = C::kD;
+  const size_t bh = it.bh;
+  const int i0 = it.i0;
+  load_tile<C, kBr>(sQ + s * kBr * D, Q + bh * M * D, i0, M, tid);
+  load_tile<C, kBr>(sdO + s * kBr * D, dO + bh * M * D, i0, M, tid);
+  if (tid < 2 * kBr) {
+    const int r = tid % kBr, row = min(i0 + r, M - 1);  // past M: any valid address
+    const float* src = (tid < kBr ? p.lse2 : p.dsum) + bh * M + row;
+    cp_async_4((tid < kBr ? sL : sD) + s * kBr + r, src, i0 + r < M);
+  }
+}
+
+// Mask of S^T: only tiles that straddle the diagonal, or hold the end of the keys, need it.
+// This lane's keys see queries q >= q_min[rh]; the rest become -inf.
+template <class C>
+__device__ __forceinline__ void mask_scores_t(float (&s_t)[C::kBr / 8][4], const int (&q_min)[2],
+                                              int i0, int t) {
+  constexpr int kNT = C::kBr / 8;
+  constexpr float kNegInf = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (i0 + nt * 8 + 2 * t + (e & 1) < q_min[e >> 1]) s_t[nt][e] = kNegInf;
+}
+
+// dQ_i += dS K_j for an item (dS^T in buf), the product: a kDQRows x kDQCols part per warp
+// (warp wq of the rows, wd of the columns), k = the Bc keys.
+template <class C, class T>
+__device__ __forceinline__ void dq_product(float (&acc)[C::kDQRows / 16][C::kDQCols / 8][4],
+                                           const T* buf, const T* sK, int wq, int wd, int lane) {
+  using QKV = typename C::QKV;
+  using DSL = typename C::DSL;
+  constexpr int kBc = C::kBc;
+  constexpr int kMT = C::kDQRows / 16, kNQ = C::kDQCols / 8;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNQ; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < kBc / 16; ++kk) {
+    uint32_t a[kMT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+      load_a_trans<DSL>(a[mt], buf, wq * C::kDQRows + mt * 16, kk * 16, lane);
+#pragma unroll
+    for (int nt = 0; nt < kNQ; nt += 2) {
+      uint32_t bk[4];  // B[k = key][n = d] = K_j[key][d]: stored [k][n], ldmatrix.trans
+      load_b_kn<QKV, true>(bk, sK, kk * 16, wd * C::kDQCols + nt * 8, lane);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        mma_16816<T>(acc[mt][nt], a[mt], bk[0], bk[1]);
+        mma_16816<T>(acc[mt][nt + 1], a[mt], bk[2], bk[3]);
+      }
+    }
+  }
+}
+
+// dQ_i += dS K_j, the sum: this warp's part into dQ_acc by fp32 atomics, since other blocks
+// (the other K/V tiles) add to the same rows. 16-byte atomics, red.global.add.v4.f32 (sm_90):
+// half the atomic instructions of float2, which ncu showed queueing behind the atomics (+4-6%
+// measured).
+template <class C, class Args>
+__device__ __forceinline__ void dq_atomics(const float (&acc)[C::kDQRows / 16][C::kDQCols / 8][4],
+                                           const BwdItem& it, const Args& p, int M, int wq, int wd,
+                                           int g, int t) {
+  constexpr int D = C::kD;
+  constexpr int kMT = C::kDQRows / 16, kNQ = C::kDQCols / 8;
+  // EXERCISE BEGIN dq-atomics [hard]
+  // Concept: dQ accumulation: the K/V-outer loop's dQ goes through fp32 atomics, paired
+  // across two lanes into 16-byte red.global.add.v4.
+  //
+  // Add this warp's part of dQ_i, acc[mt][nt][0..3] (the C layout of the 16-row block
+  // wq * kDQRows + 16 mt and the n8 tile at column wd * kDQCols + 8 nt), to p.dq_acc: rows
+  // it.i0 + r of plane it.bh, [B, H, M, d] fp32, zeroed by the pre-pass and scaled by the
+  // post-pass. A lane holds 2 adjacent floats of a row per n8 tile and its neighbour (t ^ 1)
+  // the next 2: exchange so that each lane owns 4 adjacent floats, one float4 atomicAdd
+  // per pair of n8 tiles. Trap: every lane takes part in the shuffles; rows past M add
+  // nothing.
+  const int i0 = it.i0;
+  float* dq = p.dq_acc + (it.bh * M + i0) * D;
+  const bool odd = t & 1;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) {
+      const int r = wq * C::kDQRows + mt * 16 + g + rh * 8;
+      float4 v[kNQ / 2];
+#pragma unroll
+      for (int nt = 0; nt < kNQ; nt += 2) {
+        const float2 a = make_float2(acc[mt][nt][2 * rh], acc[mt][nt][2 * rh + 1]);
+        const float2 bb = make_float2(acc[mt][nt + 1][2 * rh], acc[mt][nt + 1][2 * rh + 1]);
+        const float2 send = odd ? a : bb;
+        const float2 got = make_float2(__shfl_xor_sync(0xffffffffu, send.x, 1),
+                                       __shfl_xor_sync(0xffffffffu, send.y, 1));
+        v[nt / 2] =
+            odd ? make_float4(got.x, got.y, bb.x, bb.y) : make_float4(a.x, a.y, got.x, got.y);
+      }
+      if (i0 + r >= M) continue;  // (after the shuffles: every lane takes part in them)
+#pragma unroll
+      for (int nt = 0; nt < kNQ; nt += 2)
+        atomicAdd(reinterpret_cast<float4*>(dq + size_t(r) * D + wd * C::kDQCols +
+                                            (nt + (odd ? 1 : 0)) * 8 + 2 * (t & 2)),
+                  v[nt / 2]);
+    }
+  // EXERCISE END
+}
+
+// dQ_i += dS K_j for an item whose dS^T is in buf: the product, then the atomics.
+template <class C, class T, class Args>
+__device__ __forceinline__ void dq_update(const BwdItem& it, const T* buf, const T* sK,
+                                          const Args& p, int M, int wq, int wd, int lane, int g,
+                                          int t) {
+  float acc[C::kDQRows / 16][C::kDQCols / 8][4];
+  dq_product<C>(acc, buf, sK, wq, wd, lane);
+  dq_atomics<C>(acc, it, p, M, wq, wd, g, t);
+}
+
+// dK_j = scale dK_j and dV_j (with dropout, times 1 / (1 - p)), rounded to T, through this
+// warp's own rows of sK and sV, then 16-byte stores to dK and dV (K/V plane bhk, keys from j0,
+// N in all). The caller's barrier: every warp has finished reading K_j for dQ.
+template <class C, bool kDropout, class T, class Args>
+__device__ __forceinline__ void store_dk_dv(T* sK, T* sV, const float (&acc_dk)[C::kD / 8][4],
+                                            const float (&acc_dv)[C::kD / 8][4], const Args& p,
+                                            size_t bhk, int j0, int N, int w_row0, int lane, int g,
+                                            int t) {
+  using QKV = typename C::QKV;
+  constexpr int D = C::kD, kDT = D / 8;
+#pragma unroll
+  for (int nd = 0; nd < kDT; ++nd)
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) {
+      const int at = QKV::at(w_row0 + g + rh * 8, nd * 8 + 2 * t);
+      *reinterpret_cast<uint32_t*>(sK + at) =
+          pack2<T>(p.scale * acc_dk[nd][2 * rh], p.scale * acc_dk[nd][2 * rh + 1]);
+      if constexpr (kDropout)  // dV summed P o Z: now the 1 / (1 - p)
+        *reinterpret_cast<uint32_t*>(sV + at) =
+            pack2<T>(p.drop_scale * acc_dv[nd][2 * rh], p.drop_scale * acc_dv[nd][2 * rh + 1]);
+      else
+        *reinterpret_cast<uint32_t*>(sV + at) =
+            pack2<T>(acc_dv[nd][2 * rh], acc_dv[nd][2 * rh + 1]);
+    }
+  __syncwarp();
+  T* dK = static_cast<T*>(p.dk) + bhk * N * D;
+  T* dV = static_cast<T*>(p.dv) + bhk * N * D;
+  constexpr int kRowChunks = D / 8, kWarpChunks = 16 * kRowChunks;
+  static_assert(kWarpChunks % 32 == 0, "every lane stores the same number of chunks");
+#pragma unroll
+  for (int it = 0; it < kWarpChunks / 32; ++it) {
+    const int idx = it * 32 + lane, r = w_row0 + idx / kRowChunks, c = idx % kRowChunks;
+    if (j0 + r < N) {
+      const size_t to = size_t(j0 + r) * D + c * 8;
+      *reinterpret_cast<uint4*>(dK + to) = *reinterpret_cast<const uint4*>(sK + QKV::at(r, c * 8));
+      *reinterpret_cast<uint4*>(dV + to) = *reinterpret_cast<const uint4*>(sV + QKV::at(r, c * 8));
+    }
+  }
+}
+
 // ---- the main kernel ----
 
 template <class T, int D, bool kDropout = false, bool kSparse = false>
@@ -272,7 +469,6 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
   constexpr int kBr = C::kBr, kBc = C::kBc;
   constexpr int kNT = kBr / 8;  // n8 tiles of S^T, dP^T per warp (query columns)
   constexpr int kDT = D / 8;    // n8 tiles of dK_j, dV_j per warp
-  constexpr float kNegInf = -INFINITY;
 
   extern __shared__ __align__(128) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);                         // Bc x d, K_j (dK_j on the way out)
@@ -302,11 +498,7 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
   // i_first on of each head hk * group .. hk * group + group - 1 in turn.
   const int tiles_q = (M + kBr - 1) / kBr;
   const int i_first = p.causal ? max(0, j0 - (N - M)) / kBr : 0;
-  struct Item {
-    size_t bh;  // batch * heads + query head
-    int i0;     // first query row of the tile
-  };
-  auto next_item = [&](Item it) {
+  auto next_item = [&](BwdItem it) {
     it.i0 += kBr;
     if (it.i0 >= M) it.i0 = i_first * kBr, ++it.bh;
     return it;
@@ -321,109 +513,19 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
       return p.group * (tiles_q - i_first);
   }();
 
-  // Q_i, dO_i (zero-filled past M), L_i and D_i (zero past M) of an item into stage s.
-  auto load_item = [&](const Item& it, int s) {
-    const size_t bh = it.bh;
-    const int i0 = it.i0;
-    load_tile<C, kBr>(sQ + s * kBr * D, Q + bh * M * D, i0, M, tid);
-    load_tile<C, kBr>(sdO + s * kBr * D, dO + bh * M * D, i0, M, tid);
-    if (tid < 2 * kBr) {
-      const int r = tid % kBr, row = min(i0 + r, M - 1);  // past M: any valid address
-      const float* src = (tid < kBr ? p.lse2 : p.dsum) + bh * M + row;
-      cp_async_4((tid < kBr ? sL : sD) + s * kBr + r, src, i0 + r < M);
-    }
-  };
-
-  // dQ_i += dS K_j for an item (dS^T in buf): a kDQRows x kDQCols part per warp, k = the Bc
-  // keys, then fp32 atomics. Other blocks (the other K/V tiles) add to the same rows.
+  // The dQ product's split over the warps: wq of the rows, wd of the columns.
   const int wq = warp % C::kWarpsQ, wd = warp / C::kWarpsQ;
-  auto dq_update = [&](const Item& it, const T* buf) {
-    constexpr int kMT = C::kDQRows / 16, kNQ = C::kDQCols / 8;
-    float acc[kMT][kNQ][4];
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNQ; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk) {
-      uint32_t a[kMT][4];
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-        load_a_trans<DSL>(a[mt], buf, wq * C::kDQRows + mt * 16, kk * 16, lane);
-#pragma unroll
-      for (int nt = 0; nt < kNQ; nt += 2) {
-        uint32_t bk[4];  // B[k = key][n = d] = K_j[key][d]: stored [k][n], ldmatrix.trans
-        load_b_kn<QKV, true>(bk, sK, kk * 16, wd * C::kDQCols + nt * 8, lane);
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          mma_16816<T>(acc[mt][nt], a[mt], bk[0], bk[1]);
-          mma_16816<T>(acc[mt][nt + 1], a[mt], bk[2], bk[3]);
-        }
-      }
-    }
-    // Then to dQ_acc by fp32 atomics of 16 bytes, red.global.add.v4.f32 (sm_90): half the atomic
-    // instructions of float2, which ncu showed queueing behind the atomics (+4-6% measured).
-    // EXERCISE BEGIN dq-atomics [hard]
-    // Concept: dQ accumulation: the K/V-outer loop's dQ goes through fp32 atomics, paired
-    // across two lanes into 16-byte red.global.add.v4.
-    //
-    // Add this warp's part of dQ_i, acc[mt][nt][0..3] (the C layout of the 16-row block
-    // wq * kDQRows + 16 mt and the n8 tile at column wd * kDQCols + 8 nt), to p.dq_acc: rows
-    // it.i0 + r of plane it.bh, [B, H, M, d] fp32, zeroed by the pre-pass and scaled by the
-    // post-pass. A lane holds 2 adjacent floats of a row per n8 tile and its neighbour (t ^ 1)
-    // the next 2: exchange so that each lane owns 4 adjacent floats, one float4 atomicAdd
-    // per pair of n8 tiles. Trap: every lane takes part in the shuffles; rows past M add
-    // nothing.
-    const int i0 = it.i0;
-    float* dq = p.dq_acc + (it.bh * M + i0) * D;
-    const bool odd = t & 1;
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int rh = 0; rh < 2; ++rh) {
-        const int r = wq * C::kDQRows + mt * 16 + g + rh * 8;
-        float4 v[kNQ / 2];
-#pragma unroll
-        for (int nt = 0; nt < kNQ; nt += 2) {
-          const float2 a = make_float2(acc[mt][nt][2 * rh], acc[mt][nt][2 * rh + 1]);
-          const float2 bb = make_float2(acc[mt][nt + 1][2 * rh], acc[mt][nt + 1][2 * rh + 1]);
-          const float2 send = odd ? a : bb;
-          const float2 got = make_float2(__shfl_xor_sync(0xffffffffu, send.x, 1),
-                                         __shfl_xor_sync(0xffffffffu, send.y, 1));
-          v[nt / 2] =
-              odd ? make_float4(got.x, got.y, bb.x, bb.y) : make_float4(a.x, a.y, got.x, got.y);
-        }
-        if (i0 + r >= M) continue;  // (after the shuffles: every lane takes part in them)
-#pragma unroll
-        for (int nt = 0; nt < kNQ; nt += 2)
-          atomicAdd(reinterpret_cast<float4*>(dq + size_t(r) * D + wd * C::kDQCols +
-                                              (nt + (odd ? 1 : 0)) * 8 + 2 * (t & 2)),
-                    v[nt / 2]);
-      }
-    // EXERCISE END
-  };
 
   const int w_row0 = warp * 16;  // this warp's keys within the tile
   float acc_dk[kDT][4], acc_dv[kDT][4];
-#pragma unroll
-  for (int nd = 0; nd < kDT; ++nd)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc_dk[nd][e] = 0.f, acc_dv[nd][e] = 0.f;
+  zero_dk_dv<C>(acc_dk, acc_dv);
 
-  // This lane's keys (rows g and g + 8 of the warp's slice) see queries q >= q_min: the
-  // causal boundary, shifted to no query at all for keys past N.
   int q_min[2];
-#pragma unroll
-  for (int rh = 0; rh < 2; ++rh) {
-    const int key = j0 + w_row0 + g + rh * 8;
-    q_min[rh] = key >= N ? M : (p.causal ? key - (N - M) : 0);
-  }
+  first_queries(q_min, j0 + w_row0 + g, p.causal, M, N);
 
   load_tile<C, kBc>(sK, K, j0, N, tid);
   load_tile<C, kBc>(sV, V, j0, N, tid);
-  Item cur = {size_t(b) * p.heads + size_t(hk) * p.group, i_first * kBr}, prev = cur;
+  BwdItem cur = {size_t(b) * p.heads + size_t(hk) * p.group, i_first * kBr}, prev = cur;
   [[maybe_unused]] const size_t bh0 = cur.bh;  // the group's first query head
   if constexpr (kSparse) {
     if (n_items > 0) {
@@ -431,7 +533,7 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
       cur.bh = bh0 + walk.head, cur.i0 = walk.kept.tile * kBr, prev = cur;
     }
   }
-  if (n_items > 0) load_item(cur, 0);
+  if (n_items > 0) load_item<C>(cur, 0, sQ, sdO, sL, sD, Q, dO, p, M, tid);
   cp_async_commit();
 
   for (int x = 0; x < n_items; ++x) {
@@ -440,7 +542,7 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
     cp_async_wait_all();
     __syncthreads();
     const int s = x & 1;
-    Item next = next_item(cur);
+    BwdItem next = next_item(cur);
     if constexpr (kSparse) {
       next = cur;
       if (x + 1 < n_items) {
@@ -449,10 +551,10 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
       }
     }
     if (x + 1 < n_items) {  // overlaps with all of this item's compute
-      load_item(next, s ^ 1);
+      load_item<C>(next, s ^ 1, sQ, sdO, sL, sD, Q, dO, p, M, tid);
       cp_async_commit();
     }
-    if (x > 0) dq_update(prev, sdS + (s ^ 1) * kBc * kBr);
+    if (x > 0) dq_update<C>(prev, sdS + (s ^ 1) * kBc * kBr, sK, p, M, wq, wd, lane, g, t);
 
     const T* sQi = sQ + s * kBr * D;
     const T* sdOi = sdO + s * kBr * D;
@@ -468,13 +570,7 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
     // (Queries past M need none: their Q, dO, L, D rows are zeros, so S = dP = 0, P = 1 and
     // dS = 0, and P dO = 0: they add exactly nothing.)
     const bool mask = j0 + kBc > N || (p.causal && j0 + kBc - 1 > i0 + (N - M));
-    if (mask) {
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (i0 + nt * 8 + 2 * t + (e & 1) < q_min[e >> 1]) s_t[nt][e] = kNegInf;
-    }
+    if (mask) mask_scores_t<C>(s_t, q_min, i0, t);
 
     // P^T, rounded to T and packed in pairs: p_t[nt][rh] holds key w_row0 + g + 8 rh,
     // queries 8 nt + 2t and 8 nt + 2t + 1 (the C layout of S^T). The fp32 S^T dies here,
@@ -609,39 +705,12 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
   // The last item's dQ product, once every warp has written its dS^T.
   cp_async_wait_all();  // (nothing is in flight here unless there was no item at all)
   __syncthreads();
-  if (n_items > 0) dq_update(prev, sdS + ((n_items - 1) & 1) * kBc * kBr);
+  if (n_items > 0)
+    dq_update<C>(prev, sdS + ((n_items - 1) & 1) * kBc * kBr, sK, p, M, wq, wd, lane, g, t);
 
-  // dK_j = scale dK_j and dV_j, rounded to T, through this warp's own rows of sK and sV
-  // (every warp has finished reading K_j for dQ: barrier), then 16-byte stores.
+  // dK_j, dV_j out through sK and sV: every warp has finished reading K_j for dQ.
   __syncthreads();
-#pragma unroll
-  for (int nd = 0; nd < kDT; ++nd)
-#pragma unroll
-    for (int rh = 0; rh < 2; ++rh) {
-      const int at = QKV::at(w_row0 + g + rh * 8, nd * 8 + 2 * t);
-      *reinterpret_cast<uint32_t*>(sK + at) =
-          pack2<T>(p.scale * acc_dk[nd][2 * rh], p.scale * acc_dk[nd][2 * rh + 1]);
-      if constexpr (kDropout)  // dV summed P o Z: now the 1 / (1 - p)
-        *reinterpret_cast<uint32_t*>(sV + at) =
-            pack2<T>(p.drop_scale * acc_dv[nd][2 * rh], p.drop_scale * acc_dv[nd][2 * rh + 1]);
-      else
-        *reinterpret_cast<uint32_t*>(sV + at) =
-            pack2<T>(acc_dv[nd][2 * rh], acc_dv[nd][2 * rh + 1]);
-    }
-  __syncwarp();
-  T* dK = static_cast<T*>(p.dk) + bhk * N * D;
-  T* dV = static_cast<T*>(p.dv) + bhk * N * D;
-  constexpr int kRowChunks = D / 8, kWarpChunks = 16 * kRowChunks;
-  static_assert(kWarpChunks % 32 == 0, "every lane stores the same number of chunks");
-#pragma unroll
-  for (int it = 0; it < kWarpChunks / 32; ++it) {
-    const int idx = it * 32 + lane, r = w_row0 + idx / kRowChunks, c = idx % kRowChunks;
-    if (j0 + r < N) {
-      const size_t to = size_t(j0 + r) * D + c * 8;
-      *reinterpret_cast<uint4*>(dK + to) = *reinterpret_cast<const uint4*>(sK + QKV::at(r, c * 8));
-      *reinterpret_cast<uint4*>(dV + to) = *reinterpret_cast<const uint4*>(sV + QKV::at(r, c * 8));
-    }
-  }
+  store_dk_dv<C, kDropout>(sK, sV, acc_dk, acc_dv, p, bhk, j0, N, w_row0, lane, g, t);
 }
 
 // ---- post-pass: dQ = scale_dq * dQ_acc in T, 4 elements per thread and step ----
