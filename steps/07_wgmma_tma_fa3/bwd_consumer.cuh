@@ -121,6 +121,153 @@ __device__ __forceinline__ void atomic_dq(float* plane, int row0, int col0, int 
   }
 }
 
+// The steps of consumer warpgroup w's loop, on consumer()'s registers and constants (held by
+// reference, as a lambda would hold them): dQ out, dropout's keep bits, P^T, dS^T, and the
+// final store of dK and dV.
+template <class T, int D, bool kDqTma, bool kExtras>
+struct BwdSteps {
+  using C = Cfg<D>;
+  static constexpr int kBr = C::kBr;
+  const Ctx& c;
+  const int& w;
+  const KParams& p;
+  const int &wp, &lane, &g, &t, &M, &N, &row0, &dq_row0, &dq_col0;
+  const float* const& s_l;
+  const float* const& s_d;
+  const uint32_t& key16;
+  uint32_t (&keep)[(kBr / 16 + 3) / 4];
+  float (&dk)[D / 2];
+  float (&dv)[D / 2];
+
+  // dQ of item `item` (plane bh, first row i0) out of the dq registers.
+  __device__ __forceinline__ void dq_out(const float (&dq)[32], int item, int bh, int i0) {
+    if constexpr (kDqTma) {
+      mbar_wait(g_bars + kDqEmpty + w, (item & 1) ^ 1);  // the writer has read item - 1's part
+      stage_dq(c.smem + C::kDQ + w * kDqWgBytes, dq, wp, g, t);
+      fence_proxy_async_shared();  // generic writes -> the copy engine's reads
+      mbar_arrive_if(g_bars + kDqFull + w, true);
+    } else {
+      atomic_dq<D>(p.dq_acc + size_t(bh) * M * D, i0 + dq_row0, dq_col0, M, dq, wp, g, t);
+    }
+  }
+
+  // Dropout's Z for an item as 8 keep bits per k-step: bit 2q + i of byte kk of keep = element i
+  // of pf[kk][q] (below). Z in the S^T layout: lane (g, t) holds keys {g, g + 8} x queries
+  // {2t, 2t + 1, 2t + 8, 2t + 9} of each 16 x 16 block; the contract's Philox call for this
+  // lane's NUMBER holds those of the transposed block (queries as rows), so each of its four
+  // words, an 8 x 8 matrix of 16-bit uniforms across the warp, is transposed with movmatrix
+  // (step 06's trick), after which word q covers exactly the two elements of pf[kk][q]. All ones
+  // without dropout. Computed while an S^T product runs, where registers are to spare.
+  __device__ __forceinline__ void make_keep(int h, int i0) {
+#pragma unroll
+    for (int k = 0; k < (kBr / 16 + 3) / 4; ++k) keep[k] = ~0u;
+    if (!p.dropout) return;
+#pragma unroll
+    for (int kk = 0; kk < kBr / 16; ++kk) {
+      const dropout::Philox4 ph =
+          dropout::philox(key16 * 32u + uint32_t(lane), uint32_t(i0 / 16 + kk), uint32_t(h),
+                          uint32_t(c.b), p.seed_lo, p.seed_hi);
+      uint32_t bits = 0;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const uint32_t z = transpose_b16(ph.w[q]);
+        bits |= uint32_t((z & 0xffffu) >= p.drop_threshold) << (2 * q);
+        bits |= uint32_t((z >> 16) >= p.drop_threshold) << (2 * q + 1);
+      }
+      keep[kk / 4] = (keep[kk / 4] & ~(0xffu << (8 * (kk % 4)))) | (bits << (8 * (kk % 4)));
+    }
+  }
+
+  // P^T = exp2(S^T scale log2e - L) for the item (first row i0) in stage st: s[4cc + 2r + i]
+  // is key row r, query 8cc + 2t + i. Hidden pairs get -inf first (only items that straddle the
+  // diagonal or the end of the keys pay for the test). L = +inf for a query with no visible key,
+  // and for the padding rows past seq_q (whose Q, dO are zero-filled): P = 0 there. Each 16
+  // queries (k-step kk: n8 blocks 2kk, 2kk + 1) are rounded to T and packed into the A fragment
+  // pf[kk] at once (columns 16kk.. are accumulators 8kk..8kk+7, in A-fragment order already,
+  // hopper.cuh), so the fp32 S^T dies early and leaves its registers to dP^T. Register q of
+  // pf[kk] holds key row q & 1, queries 8cc + 2t (low half) and + 1 (high half), cc = 2kk +
+  // (q >> 1). dS uses this rounded P (as step 06 does): the error is that of rounding dS itself.
+  __device__ __forceinline__ void exp_p(float (&s)[kBr / 2], uint32_t (&pf)[kBr / 16][4], int i0,
+                                        int st) {
+    const bool need_mask = c.j0 + kBc > N || (p.causal && c.j0 + kBc - 1 > i0 + N - M);
+    // Query i0 + 8cc + 2t + i is hidden from key row r iff 8cc + i < lim[r]: keys past N are
+    // hidden from every query; causal: key j needs query >= j - (N - M).
+    int lim[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = c.j0 + row0 + 8 * r;
+      lim[r] = key >= N ? INT_MAX : (p.causal ? key - (N - M) - i0 - 2 * t : INT_MIN);
+    }
+    const float* lst = s_l + st * kBr;
+#pragma unroll
+    for (int kk = 0; kk < kBr / 16; ++kk) {
+#pragma unroll
+      for (int cc = 2 * kk; cc < 2 * kk + 2; ++cc) {
+        const float2 l2 = *reinterpret_cast<const float2*>(lst + 8 * cc + 2 * t);
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            float& v = s[4 * cc + 2 * r + i];
+            if (need_mask && 8 * cc + i < lim[r]) v = -INFINITY;
+            v = fast_exp2(fmaf(v, p.scale_log2, -(i ? l2.y : l2.x)));
+          }
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) pf[kk][q] = pack2<T>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
+    }
+  }
+
+  // dS^T = P^T o (dP^T - D) of the item in stage st, packed into sf like P; with dropout also
+  // P^T o Z in pf (see the loop).
+  __device__ __forceinline__ void make_ds(uint32_t (&sf)[kBr / 16][4], const float (&dp)[kBr / 2],
+                                          uint32_t (&pf)[kBr / 16][4], int st) {
+    const float* dst = s_d + st * kBr;
+#pragma unroll
+    for (int kk = 0; kk < kBr / 16; ++kk) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int cc = 2 * kk + (q >> 1), e = 4 * cc + 2 * (q & 1);
+        const float2 d2 = *reinterpret_cast<const float2*>(dst + 8 * cc + 2 * t);
+        const float2 pe = unpack2<T>(pf[kk][q]);
+        float dp0 = dp[e], dp1 = dp[e + 1];
+        if constexpr (kExtras) {
+          const uint32_t b = keep[kk / 4] >> (8 * (kk % 4) + 2 * q);
+          dp0 = (b & 1u) ? dp0 * p.drop_rescale : 0.f;
+          dp1 = (b & 2u) ? dp1 * p.drop_rescale : 0.f;
+          pf[kk][q] &= ((b & 1u) ? 0x0000ffffu : 0u) | ((b & 2u) ? 0xffff0000u : 0u);  // P o Z
+        }
+        sf[kk][q] = pack2<T>(pe.x * (dp0 - d2.x), pe.y * (dp1 - d2.y));
+      }
+    }
+  }
+
+  __device__ __forceinline__ void store_grads() {
+    // dK_j = scale dK_j; dV_j (x 1 / (1 - p) with dropout), rounded to T and stored from the
+    // accumulator layout (4-byte stores, once per CTA). Keys past N are not stored. A CTA with
+    // no item stores zeros: keys that no query sees get zero gradients.
+    float dv_scale = 1.f;
+    if constexpr (kExtras) {
+      if (p.dropout) dv_scale = p.drop_rescale;
+    }
+    T* dkp = static_cast<T*>(p.dk) + size_t(c.bhk) * N * D;
+    T* dvp = static_cast<T*>(p.dv) + size_t(c.bhk) * N * D;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = c.j0 + row0 + 8 * r;
+      if (key >= N) continue;
+#pragma unroll
+      for (int cc = 0; cc < D / 8; ++cc) {
+        const size_t at = size_t(key) * D + 8 * cc + 2 * t;
+        *reinterpret_cast<uint32_t*>(dkp + at) =
+            pack2<T>(dk[4 * cc + 2 * r] * p.scale, dk[4 * cc + 2 * r + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(dvp + at) =
+            pack2<T>(dv[4 * cc + 2 * r] * dv_scale, dv[4 * cc + 2 * r + 1] * dv_scale);
+      }
+    }
+  }
+};
+
 // ---- the consumer warpgroup w (keys 64w .. 64w+63 of the tile) --------------------------------
 template <class T, int D, bool kDqTma, bool kExtras>
 __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) {
@@ -149,84 +296,11 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
   const float* s_d = reinterpret_cast<const float*>(c.smem + C::kDsum);
   [[maybe_unused]] const uint32_t key16 = uint32_t(c.j0 + 64 * w + 16 * wp) / 16u;
 
-  // dQ of item `item` (plane bh, first row i0) out of the dq registers.
-  auto dq_out = [&](const float(&dq)[32], int item, int bh, int i0) {
-    if constexpr (kDqTma) {
-      mbar_wait(g_bars + kDqEmpty + w, (item & 1) ^ 1);  // the writer has read item - 1's part
-      stage_dq(c.smem + C::kDQ + w * kDqWgBytes, dq, wp, g, t);
-      fence_proxy_async_shared();  // generic writes -> the copy engine's reads
-      mbar_arrive_if(g_bars + kDqFull + w, true);
-    } else {
-      atomic_dq<D>(p.dq_acc + size_t(bh) * M * D, i0 + dq_row0, dq_col0, M, dq, wp, g, t);
-    }
-  };
-
-  // Dropout's Z for an item as 8 keep bits per k-step: bit 2q + i of byte kk of keep = element i
-  // of pf[kk][q] (below). Z in the S^T layout: lane (g, t) holds keys {g, g + 8} x queries
-  // {2t, 2t + 1, 2t + 8, 2t + 9} of each 16 x 16 block; the contract's Philox call for this
-  // lane's NUMBER holds those of the transposed block (queries as rows), so each of its four
-  // words, an 8 x 8 matrix of 16-bit uniforms across the warp, is transposed with movmatrix
-  // (step 06's trick), after which word q covers exactly the two elements of pf[kk][q]. All ones
-  // without dropout. Computed while an S^T product runs, where registers are to spare.
   [[maybe_unused]] uint32_t keep[(kBr / 16 + 3) / 4];
-  [[maybe_unused]] auto make_keep = [&](int h, int i0) {
-#pragma unroll
-    for (int k = 0; k < (kBr / 16 + 3) / 4; ++k) keep[k] = ~0u;
-    if (!p.dropout) return;
-#pragma unroll
-    for (int kk = 0; kk < kBr / 16; ++kk) {
-      const dropout::Philox4 ph =
-          dropout::philox(key16 * 32u + uint32_t(lane), uint32_t(i0 / 16 + kk), uint32_t(h),
-                          uint32_t(c.b), p.seed_lo, p.seed_hi);
-      uint32_t bits = 0;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const uint32_t z = transpose_b16(ph.w[q]);
-        bits |= uint32_t((z & 0xffffu) >= p.drop_threshold) << (2 * q);
-        bits |= uint32_t((z >> 16) >= p.drop_threshold) << (2 * q + 1);
-      }
-      keep[kk / 4] = (keep[kk / 4] & ~(0xffu << (8 * (kk % 4)))) | (bits << (8 * (kk % 4)));
-    }
-  };
-
-  // P^T = exp2(S^T scale log2e - L) for the item (first row i0) in stage st: s[4cc + 2r + i]
-  // is key row r, query 8cc + 2t + i. Hidden pairs get -inf first (only items that straddle the
-  // diagonal or the end of the keys pay for the test). L = +inf for a query with no visible key,
-  // and for the padding rows past seq_q (whose Q, dO are zero-filled): P = 0 there. Each 16
-  // queries (k-step kk: n8 blocks 2kk, 2kk + 1) are rounded to T and packed into the A fragment
-  // pf[kk] at once (columns 16kk.. are accumulators 8kk..8kk+7, in A-fragment order already,
-  // hopper.cuh), so the fp32 S^T dies early and leaves its registers to dP^T. Register q of
-  // pf[kk] holds key row q & 1, queries 8cc + 2t (low half) and + 1 (high half), cc = 2kk +
-  // (q >> 1). dS uses this rounded P (as step 06 does): the error is that of rounding dS itself.
-  auto exp_p = [&](float(&s)[kBr / 2], uint32_t(&pf)[kBr / 16][4], int i0, int st) {
-    const bool need_mask = c.j0 + kBc > N || (p.causal && c.j0 + kBc - 1 > i0 + N - M);
-    // Query i0 + 8cc + 2t + i is hidden from key row r iff 8cc + i < lim[r]: keys past N are
-    // hidden from every query; causal: key j needs query >= j - (N - M).
-    int lim[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int key = c.j0 + row0 + 8 * r;
-      lim[r] = key >= N ? INT_MAX : (p.causal ? key - (N - M) - i0 - 2 * t : INT_MIN);
-    }
-    const float* lst = s_l + st * kBr;
-#pragma unroll
-    for (int kk = 0; kk < kBr / 16; ++kk) {
-#pragma unroll
-      for (int cc = 2 * kk; cc < 2 * kk + 2; ++cc) {
-        const float2 l2 = *reinterpret_cast<const float2*>(lst + 8 * cc + 2 * t);
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            float& v = s[4 * cc + 2 * r + i];
-            if (need_mask && 8 * cc + i < lim[r]) v = -INFINITY;
-            v = fast_exp2(fmaf(v, p.scale_log2, -(i ? l2.y : l2.x)));
-          }
-      }
-#pragma unroll
-      for (int q = 0; q < 4; ++q) pf[kk][q] = pack2<T>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
-    }
-  };
+  // clang-format off
+  BwdSteps<T, D, kDqTma, kExtras> steps{
+      c, w, p, wp, lane, g, t, M, N, row0, dq_row0, dq_col0, s_l, s_d, key16, keep, dk, dv};
+  // clang-format on
 
   // The schedule, per item x (every wgmma wait is either in the item that issued the product or,
   // for a product carried over the loop edge, a wait_group 0 at the top: ptxas serialises all
@@ -247,13 +321,13 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
     ItemInfo item = g_items[0];  // (after the wait: written before the phase completed)
     issue_abt<T, D, kBr>(s, k_rows, base + C::kQ);
     wgmma_commit();
-    if constexpr (kExtras) make_keep(item.h, item.i0);
+    if constexpr (kExtras) steps.make_keep(item.h, item.i0);
     wgmma_wait<0>();
     reg_fence(s);
     mbar_wait(g_bars + kFullDO + 0, 0);
     issue_abt<T, D, kBr>(dp, v_rows, base + C::kDO);
     wgmma_commit();
-    exp_p(s, pf, item.i0, 0);
+    steps.exp_p(s, pf, item.i0, 0);
     for (int x = 0;; ++x) {
       const int st = x % kStages;
       const int h = item.h, i0 = item.i0, last = item.last;
@@ -267,25 +341,8 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
       wgmma_wait<0>();
       reg_fence(dp);
       reg_fence(pf);
-      const float* dst = s_d + st * kBr;
       uint32_t sf[kBr / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < kBr / 16; ++kk) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int cc = 2 * kk + (q >> 1), e = 4 * cc + 2 * (q & 1);
-          const float2 d2 = *reinterpret_cast<const float2*>(dst + 8 * cc + 2 * t);
-          const float2 pe = unpack2<T>(pf[kk][q]);
-          float dp0 = dp[e], dp1 = dp[e + 1];
-          if constexpr (kExtras) {
-            const uint32_t b = keep[kk / 4] >> (8 * (kk % 4) + 2 * q);
-            dp0 = (b & 1u) ? dp0 * p.drop_rescale : 0.f;
-            dp1 = (b & 2u) ? dp1 * p.drop_rescale : 0.f;
-            pf[kk][q] &= ((b & 1u) ? 0x0000ffffu : 0u) | ((b & 2u) ? 0xffff0000u : 0u);  // P o Z
-          }
-          sf[kk][q] = pack2<T>(pe.x * (dp0 - d2.x), pe.y * (dp1 - d2.y));
-        }
-      }
+      steps.make_ds(sf, dp, pf, st);
 
       // dV_w += P^T dO_i, dK_w += dS^T Q_i (A from registers).
       reg_fence(dv);
@@ -324,11 +381,11 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
       issue_abt<T, D, kBr>(s, k_rows, base + C::kQ + nst * C::kQBytes);
       wgmma_commit();
       if constexpr (kExtras) {
-        if (!last) make_keep(item.h, item.i0);
+        if (!last) steps.make_keep(item.h, item.i0);
       }
       wgmma_wait<1>();
       reg_fence(dq);
-      dq_out(dq, x, c.b * p.heads + h, i0);
+      steps.dq_out(dq, x, c.b * p.heads + h, i0);
 
       // The next item's dP^T, and its P^T while dP^T runs.
       mbar_wait(g_bars + kFullDO + nst, npar);
@@ -336,35 +393,14 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
       reg_fence(s);
       issue_abt<T, D, kBr>(dp, v_rows, base + C::kDO + nst * C::kQBytes);
       wgmma_commit();
-      exp_p(s, pf, item.i0, nst);
+      steps.exp_p(s, pf, item.i0, nst);
       if (last) break;
     }
     wgmma_wait<0>();  // the dropped dP^T
     reg_fence(dp);
   }
 
-  // dK_j = scale dK_j; dV_j (x 1 / (1 - p) with dropout), rounded to T and stored from the
-  // accumulator layout (4-byte stores, once per CTA). Keys past N are not stored. A CTA with
-  // no item stores zeros: keys that no query sees get zero gradients.
-  float dv_scale = 1.f;
-  if constexpr (kExtras) {
-    if (p.dropout) dv_scale = p.drop_rescale;
-  }
-  T* dkp = static_cast<T*>(p.dk) + size_t(c.bhk) * N * D;
-  T* dvp = static_cast<T*>(p.dv) + size_t(c.bhk) * N * D;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = c.j0 + row0 + 8 * r;
-    if (key >= N) continue;
-#pragma unroll
-    for (int cc = 0; cc < D / 8; ++cc) {
-      const size_t at = size_t(key) * D + 8 * cc + 2 * t;
-      *reinterpret_cast<uint32_t*>(dkp + at) =
-          pack2<T>(dk[4 * cc + 2 * r] * p.scale, dk[4 * cc + 2 * r + 1] * p.scale);
-      *reinterpret_cast<uint32_t*>(dvp + at) =
-          pack2<T>(dv[4 * cc + 2 * r] * dv_scale, dv[4 * cc + 2 * r + 1] * dv_scale);
-    }
-  }
+  steps.store_grads();
 }
 
 }  // namespace
