@@ -392,9 +392,9 @@ FwdPlan make_plan(const FwdParams& f, Variant v) {
           "the persistent variants need tile_counter (4 bytes of device memory)");
 
   int dev = 0;
-  cuda_ok(cudaGetDevice(&dev), "cudaGetDevice");
+  CUDA_CHECK(cudaGetDevice(&dev));
   cudaDeviceProp prop{};
-  cuda_ok(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties");
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   if (prop.major != 9 || prop.minor != 0)
     throw std::runtime_error("step 07: needs an sm_90 GPU (H100/H200); this is sm_" +
                              std::to_string(prop.major) + std::to_string(prop.minor));
@@ -416,10 +416,9 @@ FwdPlan make_plan(const FwdParams& f, Variant v) {
   encode_3d(plan.tensor_maps[0], f.q, t16, 2, f.dim, f.seq_q, f.batch * f.heads, 64, e.br);
   encode_3d(plan.tensor_maps[1], f.k, t16, 2, f.dim, f.seq_k, f.batch * f.heads_kv, 64, kBc);
   encode_3d(plan.tensor_maps[2], f.v, t16, 2, f.dim, f.seq_k, f.batch * f.heads_kv, 64, kBc);
-  cuda_ok(cudaFuncSetAttribute(e.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem),
-          "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  CUDA_CHECK(cudaFuncSetAttribute(e.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem));
   cudaFuncAttributes attr{};
-  cuda_ok(cudaFuncGetAttributes(&attr, e.fn), "cudaFuncGetAttributes");
+  CUDA_CHECK(cudaFuncGetAttributes(&attr, e.fn));
   plan.regs = attr.numRegs;
   if (!e.persistent) {
     plan.grid = dim3(unsigned(n_mt), unsigned(f.heads), unsigned(f.batch));
@@ -429,8 +428,7 @@ FwdPlan make_plan(const FwdParams& f, Variant v) {
   const long long items = (long long)n_mt * f.batch * f.heads;
   require(items <= INT_MAX / 2, "too many work items (query tiles x heads x batch)");
   int per_sm = 0;
-  cuda_ok(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, e.fn, e.threads, e.smem),
-          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, e.fn, e.threads, e.smem));
   require(per_sm >= 1, "the persistent kernel does not fit on an SM");
   plan.items = int(items);
   plan.grid =
@@ -442,8 +440,8 @@ FwdPlan make_plan(const FwdParams& f, Variant v) {
   const double fit = 0.5 * double(prop.l2CacheSize) / kv_bytes;
   plan.section_heads = int(std::max(1.0, std::min(double(f.batch) * f.heads, std::floor(fit))));
   // The counter starts at zero (each launch leaves it so); make sure before the first one.
-  cuda_ok(cudaMemset(f.tile_counter, 0, sizeof(unsigned int)), "cudaMemset(tile_counter)");
-  cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize after zeroing tile_counter");
+  CUDA_CHECK(cudaMemset(f.tile_counter, 0, sizeof(unsigned int)));
+  CUDA_CHECK(cudaDeviceSynchronize());
   return plan;
 }
 
@@ -451,7 +449,7 @@ void launch(const FwdPlan& plan, cudaStream_t stream) {
   const Entry e = select(plan.instantiation);
   if (!e.launch) throw std::invalid_argument("step 07: launch of an empty plan");
   e.launch(plan, stream);
-  cuda_ok(cudaGetLastError(), "kernel launch");
+  CUDA_CHECK_LAUNCH();
 }
 
 std::string describe(const FwdPlan& plan) {

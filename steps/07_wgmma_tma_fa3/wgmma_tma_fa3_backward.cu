@@ -375,9 +375,9 @@ BwdPlan make_bwd_plan(const BwdParams& f, BwdVariant v) {
   }
 
   int dev = 0;
-  cuda_ok(cudaGetDevice(&dev), "cudaGetDevice");
+  CUDA_CHECK(cudaGetDevice(&dev));
   cudaDeviceProp prop{};
-  cuda_ok(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties");
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   if (prop.major != 9 || prop.minor != 0)
     throw std::runtime_error("step 07 backward: needs an sm_90 GPU (H100/H200); this is sm_" +
                              std::to_string(prop.major) + std::to_string(prop.minor));
@@ -402,10 +402,9 @@ BwdPlan make_bwd_plan(const BwdParams& f, BwdVariant v) {
   encode_3d(plan.tensor_maps[3], f.dout, t16, 2, f.dim, f.seq_q, bh, 64, e.br);
   encode_3d(plan.tensor_maps[4], f.dq_acc, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, f.dim, f.seq_q, bh,
             32, 64);
-  cuda_ok(cudaFuncSetAttribute(e.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem),
-          "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  CUDA_CHECK(cudaFuncSetAttribute(e.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem));
   cudaFuncAttributes attr{};
-  cuda_ok(cudaFuncGetAttributes(&attr, e.fn), "cudaFuncGetAttributes");
+  CUDA_CHECK(cudaFuncGetAttributes(&attr, e.fn));
   plan.regs = attr.numRegs;
   return plan;
 }
@@ -414,18 +413,18 @@ void launch_bwd(const BwdPlan& plan, cudaStream_t stream) {
   const Entry e = select(plan.instantiation);
   if (!e.main) throw std::invalid_argument("step 07 backward: launch of an empty plan");
   e.prepass(plan, stream);
-  cuda_ok(cudaGetLastError(), "pre-pass launch");
+  CUDA_CHECK_LAUNCH();
   e.main(plan, stream);
-  cuda_ok(cudaGetLastError(), "main kernel launch");
+  CUDA_CHECK_LAUNCH();
   e.postpass(plan, stream);
-  cuda_ok(cudaGetLastError(), "post-pass launch");
+  CUDA_CHECK_LAUNCH();
 }
 
 void launch_bwd_main(const BwdPlan& plan, cudaStream_t stream) {
   const Entry e = select(plan.instantiation);
   if (!e.main) throw std::invalid_argument("step 07 backward: launch of an empty plan");
   e.main(plan, stream);
-  cuda_ok(cudaGetLastError(), "main kernel launch");
+  CUDA_CHECK_LAUNCH();
 }
 
 std::string describe(const BwdPlan& plan) {
