@@ -1,11 +1,5 @@
 // Step 07 — FlashAttention on Hopper: TMA, wgmma, warp specialisation (CUDA sm_90a, bf16/fp16).
-// Adds: TMA tile loads completing on mbarriers; wgmma with B from swizzled shared memory and P
-// from registers; a producer warpgroup and setmaxnreg; ping-pong scheduling of the consumer
-// warpgroups; softmax overlapped with the next tile's GEMMs inside a warpgroup; a persistent
-// kernel fed by a tile scheduler, heaviest work first; three consumer warpgroups at d = 64;
-// dropout and block-sparse masks in the persistent kernels; the backward on wgmma: a producer
-// streams Q and dO tiles to two consumer warpgroups that keep dK and dV in registers, dQ added
-// by the copy engine.
+// The forward kernel, its roles by warpgroup, and its host side (README.md: the reading order).
 //
 // Step 06 runs FlashAttention-2 on mma.sync: every warp loads its own operand fragments
 // (ldmatrix), issues 16 x 8 x 16 products one by one and waits for each; cp.async moves
@@ -233,70 +227,40 @@ int instantiation_id(Variant v, bool is_bf16, int dim, int seq_q, bool extras, b
   return int(v) * 4 + dt;
 }
 
-// The one switch that picks the instantiation.
+// The one table that picks the instantiation, indexed by instantiation_id().
+constexpr Entry (*kEntries[])() = {
+    &entry<bf16, 64, kBase, 2, 2, false, false>,                  // 0
+    &entry<bf16, 128, kBase, 2, 2, false, false>,                 // 1
+    &entry<fp16, 64, kBase, 2, 2, false, false>,                  // 2
+    &entry<fp16, 128, kBase, 2, 2, false, false>,                 // 3
+    &entry<bf16, 64, kWS, 2, 2, false, false>,                    // 4
+    &entry<bf16, 128, kWS, 2, 2, false, false>,                   // 5
+    &entry<fp16, 64, kWS, 2, 2, false, false>,                    // 6
+    &entry<fp16, 128, kWS, 2, 2, false, false>,                   // 7
+    &entry<bf16, 64, kPP, 2, 2, false, false>,                    // 8
+    &entry<bf16, 128, kPP, 2, 2, false, false>,                   // 9
+    &entry<fp16, 64, kPP, 2, 2, false, false>,                    // 10
+    &entry<fp16, 128, kPP, 2, 2, false, false>,                   // 11
+    &entry<bf16, 64, kFull, 2, 2, false, false>,                  // 12
+    &entry<bf16, 128, kFull, 2, 2, false, false>,                 // 13
+    &entry<fp16, 64, kFull, 2, 2, false, false>,                  // 14
+    &entry<fp16, 128, kFull, 2, 2, false, false>,                 // 15
+    &entry<bf16, 64, kPers, 2, kPersStages<64>, false, false>,    // 16
+    &entry<bf16, 128, kPers, 2, kPersStages<128>, false, false>,  // 17
+    &entry<fp16, 64, kPers, 2, kPersStages<64>, false, false>,    // 18
+    &entry<fp16, 128, kPers, 2, kPersStages<128>, false, false>,  // 19
+    &entry<bf16, 64, kPers, 3, kPersStages<64>, false, false>,    // 20
+    &entry<fp16, 64, kPers, 3, kPersStages<64>, false, false>,    // 21
+    &entry<bf16, 64, kPers, 2, kPersStages<64>, true, false>,     // 22
+    &entry<bf16, 128, kPers, 2, kPersStages<128>, true, false>,   // 23
+    &entry<fp16, 64, kPers, 2, kPersStages<64>, true, false>,     // 24
+    &entry<fp16, 128, kPers, 2, kPersStages<128>, true, false>,   // 25
+    &entry<bf16, 128, kBase, 2, 2, false, true>,                  // 26
+    &entry<bf16, 128, kFull, 2, 2, false, true>,                  // 27
+    &entry<bf16, 128, kPers, 2, kPersStages<128>, false, true>,   // 28
+};
 Entry select(int id) {
-  switch (id) {
-    case 0:
-      return entry<bf16, 64, kBase, 2, 2, false, false>();
-    case 1:
-      return entry<bf16, 128, kBase, 2, 2, false, false>();
-    case 2:
-      return entry<fp16, 64, kBase, 2, 2, false, false>();
-    case 3:
-      return entry<fp16, 128, kBase, 2, 2, false, false>();
-    case 4:
-      return entry<bf16, 64, kWS, 2, 2, false, false>();
-    case 5:
-      return entry<bf16, 128, kWS, 2, 2, false, false>();
-    case 6:
-      return entry<fp16, 64, kWS, 2, 2, false, false>();
-    case 7:
-      return entry<fp16, 128, kWS, 2, 2, false, false>();
-    case 8:
-      return entry<bf16, 64, kPP, 2, 2, false, false>();
-    case 9:
-      return entry<bf16, 128, kPP, 2, 2, false, false>();
-    case 10:
-      return entry<fp16, 64, kPP, 2, 2, false, false>();
-    case 11:
-      return entry<fp16, 128, kPP, 2, 2, false, false>();
-    case 12:
-      return entry<bf16, 64, kFull, 2, 2, false, false>();
-    case 13:
-      return entry<bf16, 128, kFull, 2, 2, false, false>();
-    case 14:
-      return entry<fp16, 64, kFull, 2, 2, false, false>();
-    case 15:
-      return entry<fp16, 128, kFull, 2, 2, false, false>();
-    case 16:
-      return entry<bf16, 64, kPers, 2, kPersStages<64>, false, false>();
-    case 17:
-      return entry<bf16, 128, kPers, 2, kPersStages<128>, false, false>();
-    case 18:
-      return entry<fp16, 64, kPers, 2, kPersStages<64>, false, false>();
-    case 19:
-      return entry<fp16, 128, kPers, 2, kPersStages<128>, false, false>();
-    case 20:
-      return entry<bf16, 64, kPers, 3, kPersStages<64>, false, false>();
-    case 21:
-      return entry<fp16, 64, kPers, 3, kPersStages<64>, false, false>();
-    case 22:
-      return entry<bf16, 64, kPers, 2, kPersStages<64>, true, false>();
-    case 23:
-      return entry<bf16, 128, kPers, 2, kPersStages<128>, true, false>();
-    case 24:
-      return entry<fp16, 64, kPers, 2, kPersStages<64>, true, false>();
-    case 25:
-      return entry<fp16, 128, kPers, 2, kPersStages<128>, true, false>();
-    case 26:
-      return entry<bf16, 128, kBase, 2, 2, false, true>();
-    case 27:
-      return entry<bf16, 128, kFull, 2, 2, false, true>();
-    case 28:
-      return entry<bf16, 128, kPers, 2, kPersStages<128>, false, true>();
-    default:
-      return {};
-  }
+  return id >= 0 && id < int(sizeof(kEntries) / sizeof(kEntries[0])) ? kEntries[id]() : Entry{};
 }
 
 void require(bool ok, const std::string& what) {
@@ -306,42 +270,15 @@ void require(bool ok, const std::string& what) {
 }  // namespace
 
 const char* variant_name(Variant v) {
-  switch (v) {
-    case Variant::tma_wgmma:
-      return "tma-wgmma";
-    case Variant::warp_specialized:
-      return "warp-specialized";
-    case Variant::pingpong:
-      return "pingpong";
-    case Variant::intra_overlap:
-      return "intra-overlap";
-    case Variant::persistent:
-      return "persistent";
-    case Variant::three_consumers:
-      return "three-consumers";
-  }
+  for (const VariantInfo& x : kVariants)
+    if (x.id == v) return x.name;
   return "?";
 }
 
 const char* trace_phase_name(int phase) {
-  switch (phase) {
-    case kTraceTmaIssueK:
-      return "tma_issue_k";
-    case kTraceTmaIssueV:
-      return "tma_issue_v";
-    case kTraceWaitK:
-      return "wait_k";
-    case kTraceWaitV:
-      return "wait_v";
-    case kTraceGemmS:
-      return "wgmma_s";
-    case kTraceGemmPV:
-      return "wgmma_pv";
-    case kTraceSoftmax:
-      return "softmax";
-    default:
-      return "unused";
-  }
+  static const char* const names[] = {"unused", "tma_issue_k", "tma_issue_v", "wait_k",
+                                      "wait_v", "wgmma_s",     "wgmma_pv",    "softmax"};
+  return phase > kTraceUnused && phase <= kTraceSoftmax ? names[phase] : names[0];
 }
 
 const char* trace_role_name(int phase) {

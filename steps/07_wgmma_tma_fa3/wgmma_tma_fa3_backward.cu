@@ -277,44 +277,27 @@ int instantiation_id(BwdVariant v, bool is_bf16, int dim, bool extras) {
          (v == BwdVariant::atomic ? 1 : 0);
 }
 
-// The one switch that picks the instantiation.
+// The one table that picks the instantiation, indexed by instantiation_id().
+constexpr Entry (*kEntries[])() = {
+    &entry<bf16, 64, true, false>,    // 0
+    &entry<bf16, 64, false, false>,   // 1
+    &entry<bf16, 128, true, false>,   // 2
+    &entry<bf16, 128, false, false>,  // 3
+    &entry<fp16, 64, true, false>,    // 4
+    &entry<fp16, 64, false, false>,   // 5
+    &entry<fp16, 128, true, false>,   // 6
+    &entry<fp16, 128, false, false>,  // 7
+    &entry<bf16, 64, true, true>,     // 8
+    &entry<bf16, 64, false, true>,    // 9
+    &entry<bf16, 128, true, true>,    // 10
+    &entry<bf16, 128, false, true>,   // 11
+    &entry<fp16, 64, true, true>,     // 12
+    &entry<fp16, 64, false, true>,    // 13
+    &entry<fp16, 128, true, true>,    // 14
+    &entry<fp16, 128, false, true>,   // 15
+};
 Entry select(int id) {
-  switch (id) {
-    case 0:
-      return entry<bf16, 64, true, false>();
-    case 1:
-      return entry<bf16, 64, false, false>();
-    case 2:
-      return entry<bf16, 128, true, false>();
-    case 3:
-      return entry<bf16, 128, false, false>();
-    case 4:
-      return entry<fp16, 64, true, false>();
-    case 5:
-      return entry<fp16, 64, false, false>();
-    case 6:
-      return entry<fp16, 128, true, false>();
-    case 7:
-      return entry<fp16, 128, false, false>();
-    case 8:
-      return entry<bf16, 64, true, true>();
-    case 9:
-      return entry<bf16, 64, false, true>();
-    case 10:
-      return entry<bf16, 128, true, true>();
-    case 11:
-      return entry<bf16, 128, false, true>();
-    case 12:
-      return entry<fp16, 64, true, true>();
-    case 13:
-      return entry<fp16, 64, false, true>();
-    case 14:
-      return entry<fp16, 128, true, true>();
-    case 15:
-      return entry<fp16, 128, false, true>();
-    default:
-      return {};
-  }
+  return id >= 0 && id < int(sizeof(kEntries) / sizeof(kEntries[0])) ? kEntries[id]() : Entry{};
 }
 
 }  // namespace
