@@ -523,12 +523,7 @@ __device__ __forceinline__ void persistent_consumer(int wg, const KParams& p, un
     const Item c = make_item<64 * kConsumers, kExtras>(p, mt, bh);
     consume_item<T, D, kFlags, kConsumers, kStages, kExtras, kTrace>(c, wg, p, smem, bars, pos,
                                                                      nullptr, nullptr, tr);
-    const uint32_t slot = taken & 1;
-    mbar_wait(&bars.sched_full[slot], (taken >> 1) & 1);
-    idx = *reinterpret_cast<volatile int*>(&bars.next_item[slot]);
-    __syncwarp();  // every lane has read the slot before lane 0 frees it
-    mbar_arrive_if(&bars.sched_empty[slot], lane == 0);
-    ++taken;
+    idx = receive_item(bars, taken, lane);
   }
   if (wg == 0) bar_sync(kBarSched + 0, 2 * kWGThreads);
 }

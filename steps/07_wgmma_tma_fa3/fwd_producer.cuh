@@ -101,12 +101,7 @@ __device__ __forceinline__ void producer(const Item& c, unsigned char* smem, Bar
 
 // The producer of the persistent kernels. Per item: wait until the consumers' last S GEMM of
 // the previous item has read Q (q_empty), load Q, then the item's K/V tiles; then take the next
-// item from the counter and publish it to the consumers (a two-slot ring in shared memory with
-// its own full/empty barriers). The first item of CTA b is b; the counter hands out gridDim.x,
-// gridDim.x + 1, ..., and an index >= items means "no more". Every CTA takes exactly one such
-// index, so the counter is incremented exactly `items` times per launch (items - gridDim.x
-// real ones + gridDim.x final ones): the CTA that receives items - 1 made the last increment
-// and sets the counter back to zero for the next launch.
+// item from the scheduler and hand it to the consumers (tile_scheduler.cuh).
 template <class S, int kStages, bool kExtras, bool kTrace>
 __device__ __forceinline__ void persistent_producer(const KParams& p, unsigned char* smem,
                                                     Bars& bars, const CUtensorMap* tm_q,
@@ -128,14 +123,8 @@ __device__ __forceinline__ void persistent_producer(const KParams& p, unsigned c
       ++pos.q;
       produce_kv<S, kStages, true, kTrace>(c, smem, bars, pos, tm_k, tm_v, tr);
     }
-    const unsigned int taken = atomicAdd(p.counter, 1u);
-    if (taken == unsigned(p.items) - 1u) atomicExch(p.counter, 0u);
-    idx = int(gridDim.x + taken);
-    const uint32_t slot = published & 1;
-    mbar_wait(&bars.sched_empty[slot], ((published >> 1) & 1) ^ 1);
-    *reinterpret_cast<volatile int*>(&bars.next_item[slot]) = idx;
-    mbar_arrive_if(&bars.sched_full[slot], true);  // release: the index is visible to waiters
-    ++published;
+    idx = take_next_item(p);
+    publish_item(bars, published, idx);
   }
 }
 

@@ -71,6 +71,36 @@ __device__ __forceinline__ void item_coords(const KParams& p, int idx, int& mt, 
   bh = h0 + j % hs;
 }
 
+// The persistent kernels' next item. The first item of CTA b is b; the counter hands out
+// gridDim.x, gridDim.x + 1, ..., and an index >= items means "no more". Every CTA takes exactly
+// one such index, so the counter is incremented exactly `items` times per launch (items -
+// gridDim.x real ones + gridDim.x final ones): the CTA that receives items - 1 made the last
+// increment and sets the counter back to zero for the next launch. The producer's thread.
+__device__ __forceinline__ int take_next_item(const KParams& p) {
+  const unsigned int taken = atomicAdd(p.counter, 1u);
+  if (taken == unsigned(p.items) - 1u) atomicExch(p.counter, 0u);
+  return int(gridDim.x + taken);
+}
+
+// The producer hands item indices to the consumers through a two-slot ring in shared memory
+// with its own full/empty barriers; `published` and `taken` count the uses on either side.
+__device__ __forceinline__ void publish_item(Bars& bars, uint32_t& published, int idx) {
+  const uint32_t slot = published & 1;
+  mbar_wait(&bars.sched_empty[slot], ((published >> 1) & 1) ^ 1);
+  *reinterpret_cast<volatile int*>(&bars.next_item[slot]) = idx;
+  mbar_arrive_if(&bars.sched_full[slot], true);  // release: the index is visible to waiters
+  ++published;
+}
+__device__ __forceinline__ int receive_item(Bars& bars, uint32_t& taken, int lane) {
+  const uint32_t slot = taken & 1;
+  mbar_wait(&bars.sched_full[slot], (taken >> 1) & 1);
+  const int idx = *reinterpret_cast<volatile int*>(&bars.next_item[slot]);
+  __syncwarp();  // every lane has read the slot before lane 0 frees it
+  mbar_arrive_if(&bars.sched_empty[slot], lane == 0);
+  ++taken;
+  return idx;
+}
+
 // How many K (or V, or Q) tiles a role has loaded or consumed so far: the ring position. A
 // persistent CTA keeps counting across its items, so producer and consumers stay in step.
 struct RingPos {
