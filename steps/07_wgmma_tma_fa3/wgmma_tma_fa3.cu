@@ -5,29 +5,12 @@
 // (ldmatrix), issues 16 x 8 x 16 products one by one and waits for each; cp.async moves
 // K_j, V_j and every thread computes addresses for it. On an H100 that tops out near
 // 320 TFLOP/s. This step keeps the algorithm (online softmax over K/V tiles, P reused from
-// registers) and changes the machinery, one idea per variant:
-//
-//   tma-wgmma         TMA copies whole tiles (one thread, one instruction per 64-column box,
-//                     bytes counted on an mbarrier); wgmma multiplies 64 x N x 16 per
-//                     warpgroup, B straight from swizzled shared memory, asynchronously.
-//   warp-specialized  + a producer warpgroup that only issues copies, and two consumer
-//                     warpgroups that only compute, talking through full/empty mbarriers;
-//                     setmaxnreg moves registers from the producer to the consumers.
-//   pingpong          + named barriers order the consumers' GEMMs, so that one warpgroup's
-//                     softmax runs while another's GEMMs use the tensor cores.
-//   intra-overlap     + inside a warpgroup, S_{j} = Q K_{j}^T and O += P_{j-1} V_{j-1} are
-//                     issued together and the softmax of tile j runs while P_{j-1} V_{j-1} is
-//                     still on the tensor cores; the O rescale moves under the next S GEMM.
-//   persistent        + one CTA per SM, looping over work items (query tile, head, batch)
-//                     that a tile scheduler hands out (an atomic counter; heaviest causal
-//                     tiles first, heads in groups whose K/V fit in L2). The producer loads
-//                     the next item's Q and K/V while the consumers finish this one (Q has an
-//                     "empty" barrier, O its own staging buffer); V trails K by one tile;
-//                     three stages at d = 64. Dropout and block-sparsity are built on it.
-//   three-consumers   + at d = 64, three consumer warpgroups (Br = 192): each warpgroup's
-//                     softmax hides under two others' GEMMs. At d = 128, with dropout or a
-//                     block mask, and where seq_q pads badly to 192 rows (query_tile() in the
-//                     .hpp; seq 1024), it runs the persistent kernel. The default.
+// registers) and changes the machinery, one idea per variant (kVariants in the .hpp says each
+// in a line, the note at length): TMA and wgmma, then a producer warpgroup with setmaxnreg,
+// ping-pong between the consumer warpgroups, softmax under the next tile's GEMMs inside one,
+// a persistent kernel fed by tile_scheduler.cuh, and three consumers at d = 64 (the default;
+// at d = 128, with dropout or a block mask, or where seq_q pads badly to 192 rows, query_tile()
+// in the .hpp, it runs the persistent kernel).
 //
 // A CTA works on (query tile of Br = 64 x consumers rows, head, batch); consumer warpgroup c
 // owns rows 64c .. 64c+63 and keeps their S, m, l and O in registers. Per K/V tile j (Bc = 128
