@@ -112,19 +112,23 @@ struct Bwd {
   // Elsewhere a zero is a cancellation (a row with one visible key has P = 1 and dP - D = 0 in
   // exact arithmetic, which fp32 sums in another order miss by an ulp): the tolerance judges it.
   void structural_zeros() {
-    const int64_t d = p.dim;
-    dq_zero.assign(size_t(p.q_numel()), 1);
-    dk_zero.assign(size_t(p.kv_numel()), 1);
+    std::vector<char> row_seen(size_t(p.rows()), 0),
+        key_seen(size_t(p.batch * p.heads_kv * p.seq_k), 0);
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t h = 0; h < p.heads; ++h)
         for (int64_t i = 0; i < p.seq_q; ++i)
           for (int64_t j = 0; j < p.visible_keys(i); ++j) {
             if (!in.mask.visible(b, h, i, j)) continue;
-            const size_t qr = size_t((b * p.heads + h) * p.seq_q + i) * size_t(d);
-            const size_t kr = size_t((b * p.heads_kv + h / p.group()) * p.seq_k + j) * size_t(d);
-            std::fill_n(dq_zero.begin() + long(qr), d, 0);
-            std::fill_n(dk_zero.begin() + long(kr), d, 0);
+            row_seen[size_t((b * p.heads + h) * p.seq_q + i)] = 1;
+            key_seen[size_t((b * p.heads_kv + h / p.group()) * p.seq_k + j)] = 1;
           }
+    auto expand = [&](const std::vector<char>& seen) {  // per row -> per element, 1 = zero
+      std::vector<char> z(seen.size() * size_t(p.dim));
+      for (size_t r = 0; r < seen.size(); ++r)
+        std::fill_n(z.begin() + long(r * size_t(p.dim)), p.dim, seen[r] ? 0 : 1);
+      return z;
+    };
+    dq_zero = expand(row_seen), dk_zero = expand(key_seen);
   }
   BwdParams params() const {
     BwdParams f;
