@@ -142,10 +142,10 @@ struct BwdSteps {
   // dQ of item `item` (plane bh, first row i0) out of the dq registers.
   __device__ __forceinline__ void dq_out(const float (&dq)[32], int item, int bh, int i0) {
     if constexpr (kDqTma) {
-      mbar_wait(g_bars + kDqEmpty + w, (item & 1) ^ 1);  // the writer has read item - 1's part
+      mbar_wait(&g_bars.dq_empty[w], (item & 1) ^ 1);  // the writer has read item - 1's part
       stage_dq(c.smem + C::kDQ + w * kDqWgBytes, dq, wp, g, t);
       fence_proxy_async_shared();  // generic writes -> the copy engine's reads
-      mbar_arrive_if(g_bars + kDqFull + w, true);
+      mbar_arrive_if(&g_bars.dq_full[w], true);
     } else {
       atomic_dq<D>(p.dq_acc + size_t(bh) * M * D, i0 + dq_row0, dq_col0, M, dq, wp, g, t);
     }
@@ -313,18 +313,18 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
   // After the last item the next S^T, dP^T and P^T are computed anyway on the stage just used
   // (nobody writes it any more) and dropped, so that issue, commit and wait are the same on
   // every path through the loop (another C7514 condition); it costs one item's first third.
-  mbar_wait(g_bars + kBarKV, 0);  // K_j, V_j landed (or the producer said there is no item)
+  mbar_wait(&g_bars.kv, 0);  // K_j, V_j landed (or the producer said there is no item)
   if (g_has_items) {
     float s[kBr / 2], dp[kBr / 2], dq[32];
     uint32_t pf[kBr / 16][4];
-    mbar_wait(g_bars + kFullQ + 0, 0);
+    mbar_wait(&g_bars.full_q[0], 0);
     ItemInfo item = g_items[0];  // (after the wait: written before the phase completed)
     issue_abt<T, D, kBr>(s, k_rows, base + C::kQ);
     wgmma_commit();
     if constexpr (kExtras) steps.make_keep(item.h, item.i0);
     wgmma_wait<0>();
     reg_fence(s);
-    mbar_wait(g_bars + kFullDO + 0, 0);
+    mbar_wait(&g_bars.full_do[0], 0);
     issue_abt<T, D, kBr>(dp, v_rows, base + C::kDO);
     wgmma_commit();
     steps.exp_p(s, pf, item.i0, 0);
@@ -368,14 +368,14 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
       reg_fence(dk);
       reg_fence(pf);
       reg_fence(sf);
-      mbar_arrive_if(g_bars + kEmpty + st, lane == 0);
+      mbar_arrive_if(&g_bars.empty[st], lane == 0);
 
       // The next item's S^T (on this stage again after the last item); this item's dQ out
       // while it runs.
       const int nst = last ? st : st ^ 1;
       const uint32_t npar = ((x + (last ? 0 : 1)) / kStages) & 1;
       if (!last) {
-        mbar_wait(g_bars + kFullQ + nst, npar);
+        mbar_wait(&g_bars.full_q[nst], npar);
         item = g_items[(x + 1) % kItemSlots];
       }
       issue_abt<T, D, kBr>(s, k_rows, base + C::kQ + nst * C::kQBytes);
@@ -388,7 +388,7 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
       steps.dq_out(dq, x, c.b * p.heads + h, i0);
 
       // The next item's dP^T, and its P^T while dP^T runs.
-      mbar_wait(g_bars + kFullDO + nst, npar);
+      mbar_wait(&g_bars.full_do[nst], npar);
       wgmma_wait<0>();
       reg_fence(s);
       issue_abt<T, D, kBr>(dp, v_rows, base + C::kDO + nst * C::kQBytes);

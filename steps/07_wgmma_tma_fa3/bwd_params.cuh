@@ -54,14 +54,15 @@ struct Cfg {
   static_assert(kDynamic <= 227 * 1024, "more shared memory than an H100 block can have");
 };
 
-// mbarriers (static shared memory), by index.
-constexpr int kBarKV = 0;              // K_j and V_j landed (1 arrival + bytes)
-constexpr int kFullQ = 1;              // [2] Q_i and L_i of a stage landed
-constexpr int kFullDO = kFullQ + 2;    // [2] dO_i and D_i landed
-constexpr int kEmpty = kFullDO + 2;    // [2] both warpgroups done with a stage (8 warps)
-constexpr int kDqFull = kEmpty + 2;    // [2] warpgroup w's dQ part staged (128 threads)
-constexpr int kDqEmpty = kDqFull + 2;  // [2] the writer has read warpgroup w's part (1)
-constexpr int kNumBars = kDqEmpty + 2;
+// The mbarriers (static shared memory), in the forward's style: one struct, named members.
+struct Bars {
+  uint64_t kv;           // K_j and V_j landed (1 arrival + bytes)
+  uint64_t full_q[2];    // Q_i and L_i of a stage landed
+  uint64_t full_do[2];   // dO_i and D_i landed
+  uint64_t empty[2];     // both warpgroups done with a stage (8 warps)
+  uint64_t dq_full[2];   // warpgroup w's dQ part staged (128 threads)
+  uint64_t dq_empty[2];  // the writer has read warpgroup w's part (1)
+};
 constexpr int kBarDS = 1;  // named barrier: both consumers wrote their dS^T
 
 // What the kernel needs besides the tensor maps (by value, in the parameter space).
@@ -98,7 +99,7 @@ constexpr int kItemSlots = 4;
 
 // The small shared objects live at fixed shared-memory addresses (static allocation), so that
 // no role spends registers on pointers to them.
-__shared__ uint64_t g_bars[kNumBars];
+__shared__ Bars g_bars;
 __shared__ ItemInfo g_items[kItemSlots];  // written by the producer
 __shared__ int g_has_items;               // written by the producer before it arrives on bar_kv
 

@@ -82,16 +82,16 @@ __device__ __forceinline__ void producer(unsigned char* smem, const CUtensorMap*
   walk.start(p);
   g_has_items = walk.valid(p) ? 1 : 0;
   if (!walk.valid(p)) {
-    mbar_arrive_if(g_bars + kBarKV, true);
+    mbar_arrive_if(&g_bars.kv, true);
     return;
   }
   {
     const int j0 = int(blockIdx.x) * kBc, bhk = int(blockIdx.z) * p.heads_kv + int(blockIdx.y);
-    mbar_arrive_expect_tx(g_bars + kBarKV, 2 * C::kKVBytes);
+    mbar_arrive_expect_tx(&g_bars.kv, 2 * C::kKVBytes);
 #pragma unroll
     for (int hf = 0; hf < D / 64; ++hf) {
-      tma_load_3d(smem + C::kK + hf * kBc * kRowBytes, tm_k, g_bars + kBarKV, hf * 64, j0, bhk);
-      tma_load_3d(smem + C::kV + hf * kBc * kRowBytes, tm_v, g_bars + kBarKV, hf * 64, j0, bhk);
+      tma_load_3d(smem + C::kK + hf * kBc * kRowBytes, tm_k, &g_bars.kv, hf * 64, j0, bhk);
+      tma_load_3d(smem + C::kV + hf * kBc * kRowBytes, tm_v, &g_bars.kv, hf * 64, j0, bhk);
     }
   }
   for (int x = 0;; ++x) {
@@ -99,15 +99,15 @@ __device__ __forceinline__ void producer(unsigned char* smem, const CUtensorMap*
     const int h = int(blockIdx.y) * p.group + walk.hh, i0 = walk.tile * kBr;
     const int bh = int(blockIdx.z) * p.heads + h;
     walk.next(p);
-    mbar_wait(g_bars + kEmpty + st, (use & 1) ^ 1);  // the first pass is free (parity 1)
+    mbar_wait(&g_bars.empty[st], (use & 1) ^ 1);  // the first pass is free (parity 1)
     g_items[x % kItemSlots] = ItemInfo{h, i0, walk.valid(p) ? 0 : 1, 0};
-    uint64_t* fq = g_bars + kFullQ + st;
+    uint64_t* fq = &g_bars.full_q[st];
     mbar_arrive_expect_tx(fq, C::kQBytes + kBr * 4);
 #pragma unroll
     for (int hf = 0; hf < D / 64; ++hf)
       tma_load_3d(smem + C::kQ + st * C::kQBytes + hf * kBr * kRowBytes, tm_q, fq, hf * 64, i0, bh);
     bulk_load(smem + C::kL + st * kBr * 4, p.lse2 + size_t(bh) * p.m_pad + i0, kBr * 4, fq);
-    uint64_t* fd = g_bars + kFullDO + st;
+    uint64_t* fd = &g_bars.full_do[st];
     mbar_arrive_expect_tx(fd, C::kQBytes + kBr * 4);
 #pragma unroll
     for (int hf = 0; hf < D / 64; ++hf)
@@ -127,14 +127,14 @@ template <int D>
 __device__ __forceinline__ void dq_writer(const Ctx& c, const CUtensorMap* tm_dq,
                                           const KParams& p) {
   using C = Cfg<D>;
-  mbar_wait(g_bars + kBarKV, 0);
+  mbar_wait(&g_bars.kv, 0);
   if (!g_has_items) return;
   tma_prefetch_descriptor(tm_dq);
   for (int x = 0;; ++x) {
     ItemInfo item{};
 #pragma unroll
     for (int w = 0; w < 2; ++w) {
-      mbar_wait(g_bars + kDqFull + w, x & 1);
+      mbar_wait(&g_bars.dq_full[w], x & 1);
       item = g_items[x % kItemSlots];  // (complete once a dq_full of item x is seen)
       const int row = item.i0 + (D == 128 ? 0 : 64 * w), col = D == 128 ? 64 * w : 0;
       if (row < c.M) {  // (a part wholly past seq_q would be clipped anyway)
@@ -146,8 +146,8 @@ __device__ __forceinline__ void dq_writer(const Ctx& c, const CUtensorMap* tm_dq
     }
     bulk_commit();
     bulk_wait_read<0>();
-    mbar_arrive_if(g_bars + kDqEmpty + 0, true);
-    mbar_arrive_if(g_bars + kDqEmpty + 1, true);
+    mbar_arrive_if(&g_bars.dq_empty[0], true);
+    mbar_arrive_if(&g_bars.dq_empty[1], true);
     if (item.last) break;
   }
   bulk_wait<0>();  // every add done before the CTA ends

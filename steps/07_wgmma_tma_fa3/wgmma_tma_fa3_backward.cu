@@ -98,17 +98,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   c.smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
 
   if (threadIdx.x == 0) {
-    mbar_init(g_bars + kBarKV, 1);
+    mbar_init(&g_bars.kv, 1);
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
-      mbar_init(g_bars + kFullQ + st, 1);  // the producer's arrive.expect_tx, then the bytes
-      mbar_init(g_bars + kFullDO + st, 1);
-      mbar_init(g_bars + kEmpty + st, 2 * 4);  // one arrive per consumer warp
+      mbar_init(&g_bars.full_q[st], 1);  // the producer's arrive.expect_tx, then the bytes
+      mbar_init(&g_bars.full_do[st], 1);
+      mbar_init(&g_bars.empty[st], 2 * 4);  // one arrive per consumer warp
     }
 #pragma unroll
     for (int w = 0; w < 2; ++w) {
-      mbar_init(g_bars + kDqFull + w, kWGThreads);  // every thread that staged a part of dQ
-      mbar_init(g_bars + kDqEmpty + w, 1);          // the writer
+      mbar_init(&g_bars.dq_full[w], kWGThreads);  // every thread that staged a part of dQ
+      mbar_init(&g_bars.dq_empty[w], 1);          // the writer
     }
     mbarrier_init_fence();
   }
