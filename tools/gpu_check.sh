@@ -56,8 +56,8 @@ for stage in $stages; do
         head -10 | tee -a "$OUT/summary.log"
       ;;
     selftest)
-      { build-gpu/tests/07_selftest && build-gpu/tests/07_selftest_backward; } \
-        >"$OUT/selftest-07.log" 2>&1 || status=1
+      build-gpu/tests/07_selftest >"$OUT/selftest-07.log" 2>&1 || status=1
+      build-gpu/tests/07_selftest_backward >>"$OUT/selftest-07.log" 2>&1 || status=1
       log "07 selftest: $(grep -cE '^PASS' "$OUT/selftest-07.log") PASS, $(grep -cE '^FAIL|TIMEOUT' "$OUT/selftest-07.log") FAIL"
       grep -E '^FAIL|TIMEOUT' "$OUT/selftest-07.log" | head -20 | tee -a "$OUT/summary.log"
       ;;
