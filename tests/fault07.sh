@@ -11,4 +11,4 @@ if ! nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | grep
   exit 77
 fi
 cmake --build "$build" --target 07_fault >/dev/null || { echo "FAILED: building 07_fault"; exit 1; }
-"$build/steps/07_fault" --expect-fault
+"$build/tests/07_fault" --expect-fault

@@ -7,7 +7,7 @@
 #   build      configure and build build-gpu/ (warnings as errors), always first
 #   test       ctest -L gpu (the harness on every GPU rung, every shared case)
 #   sanitize   ctest -L sanitizer (compute-sanitizer: memcheck, racecheck, synccheck, initcheck)
-#   selftest   step 07's self-test (device Philox, variants, masks; no timings)
+#   selftest   rung 07's self-tests, forward and backward (tests/rung07; no timings)
 #   trace      step 07's per-warp timeline -> $OUT/<gpu>-trace-07.csv
 #   ceilings   the measured ceilings -> $OUT/ceilings.csv
 #   bench      ladder bench $BENCH_ARGS (default --preset flash) -> $OUT/<gpu>.csv
@@ -56,12 +56,13 @@ for stage in $stages; do
         head -10 | tee -a "$OUT/summary.log"
       ;;
     selftest)
-      build-gpu/steps/07_selftest --no-timing >"$OUT/selftest-07.log" 2>&1 || status=1
+      build-gpu/tests/07_selftest >"$OUT/selftest-07.log" 2>&1 || status=1
+      build-gpu/tests/07_selftest_backward >>"$OUT/selftest-07.log" 2>&1 || status=1
       log "07 selftest: $(grep -cE '^PASS' "$OUT/selftest-07.log") PASS, $(grep -cE '^FAIL|TIMEOUT' "$OUT/selftest-07.log") FAIL"
       grep -E '^FAIL|TIMEOUT' "$OUT/selftest-07.log" | head -20 | tee -a "$OUT/summary.log"
       ;;
     trace)
-      build-gpu/steps/07_selftest --no-timing --trace "$OUT/$GPU_TAG-trace-07.csv" \
+      build-gpu/tests/07_selftest --trace "$OUT/$GPU_TAG-trace-07.csv" \
         >>"$OUT/selftest-07.log" 2>&1 || status=1
       log "07 trace: $(wc -l <"$OUT/$GPU_TAG-trace-07.csv" 2>/dev/null || echo 0) rows"
       ;;

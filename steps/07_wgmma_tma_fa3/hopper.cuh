@@ -8,7 +8,8 @@
 //                 writes) reaches 0; then the phase bit flips.
 //   TMA           cp.async.bulk.tensor: one thread asks the copy engine for a whole box of a
 //                 tensor described by a CUtensorMap; the bytes land in shared memory (swizzled)
-//                 and are counted on an mbarrier.
+//                 and are counted on an mbarrier. Also 1-D bulk copies (no tensor map) and the
+//                 reduce-add from shared memory into global memory (the backward's dQ).
 //   wgmma         warpgroup MMA: the 4 warps of a warpgroup (128 threads) issue one
 //                 64 x N x 16 product together; B (and optionally A) is read from shared memory
 //                 through a 64-bit descriptor, the fp32 accumulators live in registers; issue,
@@ -129,6 +130,45 @@ __device__ __forceinline__ void tma_prefetch_descriptor(const void* tmap) {
 // not enough.
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// A 1-D bulk copy (cp.async.bulk, no tensor map) of `bytes` from global memory to shared
+// memory, counted on `bar` like a TMA box. Pitfalls: both addresses 16-byte aligned and `bytes`
+// a multiple of 16, and every byte must exist (no out-of-bounds fill, unlike a tensor map).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes,
+                                          uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(smem_u32(dst)),
+      "l"(static_cast<uint64_t>(__cvta_generic_to_global(src))), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+
+// TMA reduce-add: global[box at (x, y, z)] += the box in shared memory at `src` (element type
+// and swizzle from the tensor map; fp32 add here), done by the copy engine at the L2, atomic
+// per element. Out-of-bounds parts of the box are not written. Asynchronous: bulk_commit closes
+// a group; bulk_wait_read<N> waits until the shared-memory source of all but N groups has been
+// read (the buffer may be rewritten), bulk_wait<N> until their writes are done. Pitfalls: the
+// threads that wrote `src` need fence_proxy_async_shared and a barrier with the issuing thread
+// first; only the issuing thread may commit and wait.
+__device__ __forceinline__ void tma_reduce_add_3d(const void* tmap, const void* src, int x, int y,
+                                                  int z) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group"
+      " [%0, {%2, %3, %4}], [%1];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)),
+      "r"(smem_u32(src)), "r"(x), "r"(y), "r"(z)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -303,6 +343,32 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
   }
 }
 
+// D (64 x N, fp32) = A B (+ D) with both operands from shared memory and either one read
+// MN-major (the transpose bits imm-trans-a, imm-trans-b; 16-bit types only). MN-major A is
+// stored [K][M] (M contiguous, 64-element rows of 128 bytes, 8-row groups of 1024 bytes): the
+// descriptor is the one of an MN-major B (above) with M in place of N. The backward
+// reads dS from a tile stored as dS^T [key][query] this way. N = 64 only (what it uses).
+template <class T, int N, int kTransA, int kTransB>
+__device__ __forceinline__ void wgmma_ss_t(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
+                                           bool accumulate) {
+  static_assert(N == 64, "the shape the backward uses");
+  if constexpr (kIsBf16<T>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LADDER_WGMMA_D32
+        ", %32, %33, p, 1, 1, %35, %36;\n}\n"
+        : LADDER_WGMMA_ACC32(d)
+        : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransA), "n"(kTransB));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " LADDER_WGMMA_D32
+        ", %32, %33, p, 1, 1, %35, %36;\n}\n"
+        : LADDER_WGMMA_ACC32(d)
+        : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransA), "n"(kTransB));
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Registers, barriers, election
 // ---------------------------------------------------------------------------------------
@@ -364,85 +430,6 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
-// Nanoseconds since an arbitrary epoch, one clock for the whole GPU (the trace build).
-__device__ __forceinline__ unsigned long long global_timer_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  return t;
-}
-
-}  // namespace ladder::hopper
-
-// ---------------------------------------------------------------------------------------
-// Added for the backward pass (wgmma_tma_fa3_backward.cu)
-// ---------------------------------------------------------------------------------------
-namespace ladder::hopper {
-
-// D (64 x N, fp32) = A B (+ D) with both operands from shared memory and either one read
-// MN-major (the transpose bits imm-trans-a, imm-trans-b; 16-bit types only). MN-major A is
-// stored [K][M] (M contiguous, 64-element rows of 128 bytes, 8-row groups of 1024 bytes): the
-// descriptor is the one of an MN-major B (hopper.cuh above) with M in place of N. The backward
-// reads dS from a tile stored as dS^T [key][query] this way. N = 64 only (what it uses).
-template <class T, int N, int kTransA, int kTransB>
-__device__ __forceinline__ void wgmma_ss_t(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
-                                           bool accumulate) {
-  static_assert(N == 64, "the shape the backward uses");
-  if constexpr (kIsBf16<T>) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LADDER_WGMMA_D32
-        ", %32, %33, p, 1, 1, %35, %36;\n}\n"
-        : LADDER_WGMMA_ACC32(d)
-        : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransA), "n"(kTransB));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " LADDER_WGMMA_D32
-        ", %32, %33, p, 1, 1, %35, %36;\n}\n"
-        : LADDER_WGMMA_ACC32(d)
-        : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransA), "n"(kTransB));
-  }
-}
-
-// A 1-D bulk copy (cp.async.bulk, no tensor map) of `bytes` from global memory to shared
-// memory, counted on `bar` like a TMA box. Pitfalls: both addresses 16-byte aligned and `bytes`
-// a multiple of 16, and every byte must exist (no out-of-bounds fill, unlike a tensor map).
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes,
-                                          uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(smem_u32(dst)),
-      "l"(static_cast<uint64_t>(__cvta_generic_to_global(src))), "r"(bytes), "r"(smem_u32(bar))
-      : "memory");
-}
-
-// TMA reduce-add: global[box at (x, y, z)] += the box in shared memory at `src` (element type
-// and swizzle from the tensor map; fp32 add here), done by the copy engine at the L2, atomic
-// per element. Out-of-bounds parts of the box are not written. Asynchronous: bulk_commit closes
-// a group; bulk_wait_read<N> waits until the shared-memory source of all but N groups has been
-// read (the buffer may be rewritten), bulk_wait<N> until their writes are done. Pitfalls: the
-// threads that wrote `src` need fence_proxy_async_shared and a barrier with the issuing thread
-// first; only the issuing thread may commit and wait.
-__device__ __forceinline__ void tma_reduce_add_3d(const void* tmap, const void* src, int x, int y,
-                                                  int z) {
-  asm volatile(
-      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group"
-      " [%0, {%2, %3, %4}], [%1];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)),
-      "r"(smem_u32(src)), "r"(x), "r"(y), "r"(z)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_commit() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // The transpose of an 8x8 matrix of 16-bit values held in the fragment layout (lane (g, t)
 // holds row g, columns 2t and 2t + 1, the lower column in the low half): afterwards lane (g, t)
 // holds (2t, g) in its low half and (2t + 1, g) in its high half (movmatrix, one instruction).
@@ -450,6 +437,13 @@ __device__ __forceinline__ uint32_t transpose_b16(uint32_t x) {
   uint32_t y;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
   return y;
+}
+
+// Nanoseconds since an arbitrary epoch, one clock for the whole GPU (the trace build).
+__device__ __forceinline__ unsigned long long global_timer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
 }
 
 }  // namespace ladder::hopper

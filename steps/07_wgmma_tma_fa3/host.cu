@@ -15,8 +15,8 @@ namespace ladder {
 namespace {
 
 fa3::Variant variant_named(const std::string& name) {
-  for (fa3::Variant v : fa3::kAllVariants)
-    if (name == fa3::variant_name(v)) return v;
+  for (const fa3::VariantInfo& v : fa3::kVariants)
+    if (name == v.name) return v.id;
   return fa3::Variant::three_consumers;  // the runner resolved the name against the descriptor
 }
 
@@ -160,22 +160,14 @@ const Step& step_07() {
         "1/32 more rows than to 128); mask blocks multiples of 128 x 128; "
         "dropout and block-sparse masks in the persistent variants ('three-consumers', the "
         "default, and 'persistent') only";
-    const char* summaries[] = {
-        "TMA tile loads and wgmma, no roles: every thread waits on the barriers (the baseline)",
-        "+ a producer warpgroup issuing TMA, full/empty mbarriers, setmaxnreg 24/240",
-        "+ ping-pong: named barriers put one warpgroup's softmax under the other's GEMMs",
-        "+ intra-warpgroup overlap: the next tile's S GEMM issued before this tile's softmax",
-        "+ persistent: one CTA per SM takes work items from a tile scheduler, heaviest first, "
-        "and loads the next item under this one's epilogue",
-        "+ d = 64: three consumer warpgroups (Br = 192, setmaxnreg 24/160); d = 128 and "
-        "dropout or masks run 'persistent'"};
-    // The default (first) variant is the fastest kernel; then the ladder of ideas, baseline
-    // first. Only the persistent kernels have dropout and block masks compiled in.
-    s.variants.push_back({fa3::variant_name(fa3::Variant::three_consumers), summaries[5]});
-    for (fa3::Variant v : fa3::kAllVariants) {
-      if (v == fa3::Variant::three_consumers) continue;
-      Variant x{fa3::variant_name(v), summaries[int(v)]};
-      x.dropout = x.block_sparse = fa3::is_persistent(v);
+    // The variants as fa3::kVariants describes them, the default (the fastest kernel) first,
+    // then the ladder of ideas. Only the persistent kernels have dropout and block masks.
+    for (const fa3::VariantInfo& v : fa3::kVariants)
+      if (v.id == fa3::Variant::three_consumers) s.variants.push_back({v.name, v.idea});
+    for (const fa3::VariantInfo& v : fa3::kVariants) {
+      if (v.id == fa3::Variant::three_consumers) continue;
+      Variant x{v.name, v.idea};
+      x.dropout = x.block_sparse = fa3::is_persistent(v.id);
       s.variants.push_back(x);
     }
     s.tiles = fixed_tiles;

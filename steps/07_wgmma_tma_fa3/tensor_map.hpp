@@ -1,5 +1,5 @@
-// Host side of step 07, shared by the forward and the backward: CUDA errors as exceptions, and
-// the TMA tensor maps of [planes, rows, dim] tensors.
+// Host side of step 07, shared by the forward and the backward: the TMA tensor maps of
+// [planes, rows, dim] tensors. CUDA errors go through the ladder's CUDA_CHECK (common/).
 #pragma once
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes through the runtime
 #include <cuda_runtime.h>
@@ -7,12 +7,9 @@
 #include <stdexcept>
 #include <string>
 
-namespace ladder::fa3 {
+#include "cuda_util.cuh"
 
-inline void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("step 07: ") + what + ": " + cudaGetErrorString(e));
-}
+namespace ladder::fa3 {
 
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
                                  const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
@@ -25,9 +22,8 @@ inline EncodeTiled tensor_map_encoder() {
   if (!fn) {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult q{};
-    cuda_ok(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                             &q),
-            "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)");
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                                cudaEnableDefault, &q));
     if (q != cudaDriverEntryPointSuccess || !f)
       throw std::runtime_error("step 07: the driver has no cuTensorMapEncodeTiled");
     fn = reinterpret_cast<EncodeTiled>(f);

@@ -25,20 +25,39 @@
 
 namespace ladder::fa3 {
 
-// The kernels, one idea each on top of the previous one (wgmma_tma_fa3.cu says how):
+// The kernels, one idea each on top of the previous one (fwd_consumer.cuh has a main loop per
+// schedule). kVariants names and describes each once: the step's descriptor (--help,
+// `ladder list`), variant_name() and the self-tests read it. Ladder order, baseline first.
 enum class Variant {
-  tma_wgmma,         // TMA tile loads + wgmma; every thread waits on the barriers; no roles
-  warp_specialized,  // + a producer warpgroup, full/empty barrier pairs, setmaxnreg
-  pingpong,          // + named barriers: one warpgroup's softmax under the other's GEMMs
-  intra_overlap,     // + S_{j+1} = Q K_{j+1}^T issued before softmax_j finishes
-  persistent,        // + one CTA per SM looping over work items from a tile scheduler
-  three_consumers,   // + d = 64: three consumer warpgroups, Br = 192 (the default)
+  tma_wgmma,
+  warp_specialized,
+  pingpong,
+  intra_overlap,
+  persistent,
+  three_consumers,
 };
-constexpr Variant kAllVariants[] = {Variant::tma_wgmma,  Variant::warp_specialized,
-                                    Variant::pingpong,   Variant::intra_overlap,
-                                    Variant::persistent, Variant::three_consumers};
-constexpr int kNumVariants = int(sizeof(kAllVariants) / sizeof(kAllVariants[0]));
-const char* variant_name(Variant v);  // "tma-wgmma", "warp-specialized", "pingpong", ...
+struct VariantInfo {
+  Variant id;
+  const char* name;  // the --variant name
+  const char* idea;  // what it adds, in one line
+};
+inline constexpr VariantInfo kVariants[] = {
+    {Variant::tma_wgmma, "tma-wgmma",
+     "TMA tile loads and wgmma, no roles: every thread waits on the barriers (the baseline)"},
+    {Variant::warp_specialized, "warp-specialized",
+     "+ a producer warpgroup issuing TMA, full/empty mbarriers, setmaxnreg 24/240"},
+    {Variant::pingpong, "pingpong",
+     "+ ping-pong: named barriers put one warpgroup's softmax under the other's GEMMs"},
+    {Variant::intra_overlap, "intra-overlap",
+     "+ intra-warpgroup overlap: the next tile's S GEMM issued before this tile's softmax"},
+    {Variant::persistent, "persistent",
+     "+ persistent: one CTA per SM takes work items from a tile scheduler, heaviest first, and "
+     "loads the next item under this one's epilogue"},
+    {Variant::three_consumers, "three-consumers",
+     "+ d = 64: three consumer warpgroups (Br = 192, setmaxnreg 24/160); d = 128 and dropout or "
+     "masks run 'persistent'"},
+};
+const char* variant_name(Variant v);  // kVariants' name of v
 
 // The persistent variants need FwdParams::tile_counter; they (and only they) run dropout and
 // block masks.
@@ -116,7 +135,7 @@ struct FwdPlan {
   FwdParams params;
   Variant variant = Variant::intra_overlap;
   const void* kernel = nullptr;  // the instantiation
-  int instantiation = -1;        // its index in the .cu's switch
+  int instantiation = -1;        // its index in the .cu's table of instantiations
   dim3 grid, block;
   int smem_bytes = 0, regs = 0, br = 0, bc = 0, stages = 0;
   int consumers = 2;      // consumer warpgroups (Br / 64)

@@ -1,0 +1,532 @@
+// Rung 07's forward consumers: the GEMM issue, the masked online softmax, the three main loops
+// (one per schedule) and the epilogue (FlashAttention-3's CollectiveMainloopFwd::mma and
+// CollectiveEpilogueFwd). Included by wgmma_tma_fa3.cu only.
+#pragma once
+#include "dropout.hpp"
+#include "exercise.hpp"
+#include "fwd_producer.cuh"
+
+namespace ladder::fa3 {
+namespace {
+
+// ---- the consumer's pieces --------------------------------------------------------------
+
+// S = Q_c K^T for this warpgroup's 64 rows: d/16 wgmma k-steps. Step kk reads columns
+// 16kk..16kk+15: column half kk / 4 (Br or Bc rows further), 32 bytes further per step inside
+// the 128-byte row.
+template <class T, int D, int kBr>
+__device__ __forceinline__ void issue_s(float (&s)[kBc / 2], uint32_t q_addr, uint32_t k_addr) {
+  reg_fence(s);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t col = (kk % 4) * 32;
+    const uint64_t da = make_desc_sw128(q_addr + (kk / 4) * (kBr * kRowBytes) + col, 16, 1024);
+    const uint64_t db = make_desc_sw128(k_addr + (kk / 4) * (kBc * kRowBytes) + col, 16, 1024);
+    wgmma_ss<T, kBc, 0>(s, da, db, kk > 0);
+  }
+  wgmma_commit();
+}
+
+// O += P V: Bc/16 k-steps over the keys; B = V rows 16kk..16kk+15 (2048 bytes further per
+// step), read N-major (the transpose bit), the next 64 columns (d = 128) one column half away.
+template <class T, int D>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], uint32_t (&p)[kBc / 16][4],
+                                         uint32_t v_addr) {
+  reg_fence(o);
+#pragma unroll
+  for (int kk = 0; kk < kBc / 16; ++kk) reg_fence(p[kk]);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBc / 16; ++kk) {
+    const uint64_t db = make_desc_sw128(v_addr + kk * 16 * kRowBytes, kBc * kRowBytes, 1024);
+    wgmma_rs<T, D, 1>(o, p[kk], db, true);
+  }
+  wgmma_commit();
+}
+
+// The thread's place in the softmax: rows row0 and row0 + 8 of the tile (query rows
+// i0 + row0, + 8); columns 2t, 2t+1 of every n8 block.
+struct RowInfo {
+  int t, lane;
+  int limit[2];  // first hidden key of each row (causal / end of keys)
+  int row16;     // the 16-row block index of this warp's rows (dropout counter)
+};
+
+// Mask (when needed), online softmax of S in place (S becomes unnormalised P, fp32), and
+// dropout; returns in `alpha` the factor by which each row's O must be rescaled.
+template <bool kExtras>
+__device__ __forceinline__ void softmax_tile(float (&s)[kBc / 2], float (&m)[2], float (&l)[2],
+                                             float (&alpha)[2], const RowInfo& ri, int tile,
+                                             bool need_mask, const KParams& p, const Item& c) {
+  const int key0 = tile * kBc;
+  if (need_mask) {
+#pragma unroll
+    for (int cb = 0; cb < kBc / 8; ++cb)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          if (key0 + cb * 8 + 2 * ri.t + i >= ri.limit[r]) s[4 * cb + 2 * r + i] = kNegInf;
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = m[r];
+#pragma unroll
+    for (int cb = 0; cb < kBc / 8; ++cb)
+      mx = fmaxf(mx, fmaxf(s[4 * cb + 2 * r], s[4 * cb + 2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the 4 lanes of a row
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    // EXERCISE BEGIN softmax-tile [medium]
+    // Concept: the online softmax in base 2 with tau log2(e) folded into one FFMA per score,
+    // on the wgmma accumulator layout.
+    //
+    // m[r], l[r]: the running max (of unscaled scores) and this thread's share of row r's
+    // sum; mx: the new max, over this tile's row (the quad's 4 threads) and m[r]. Leave
+    // alpha[r] (the factor for O), m[r], the row's scores s[4 cb + 2 r + i] as the
+    // unnormalised weights exp(tau (s - m)), and their sum folded into l[r]. Tools:
+    // p.scale_log2 (tau log2 e) and fast_exp2; one fmaf and one exp2 per score. Trap: a row
+    // that has seen only masked keys so far.
+    const float mx_scaled = mx == kNegInf ? 0.f : mx * p.scale_log2;
+    alpha[r] = fast_exp2(m[r] * p.scale_log2 - mx_scaled);
+    m[r] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int cb = 0; cb < kBc / 8; ++cb)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        // exp(tau (s - m)) = exp2(s tau log2e - m tau log2e): one FFMA, one ex2
+        const float pe = fast_exp2(fmaf(s[4 * cb + 2 * r + i], p.scale_log2, -mx_scaled));
+        s[4 * cb + 2 * r + i] = pe;
+        sum += pe;
+      }
+    l[r] = alpha[r] * l[r] + sum;  // this thread's columns; the quad adds up at the end
+    // EXERCISE END
+  }
+  if constexpr (kExtras) {
+    if (p.dropout) {
+      // l summed the undropped P (the LSE is that of P); Z only zeroes P on its way into PV.
+      // One Philox call per 16 x 16 block gives this lane its 8 elements (docs/CONTRACT.md).
+#pragma unroll
+      for (int kk = 0; kk < kBc / 16; ++kk) {
+        const uint32_t J = uint32_t(key0 / 16 + kk);
+        const dropout::Philox4 w =
+            dropout::philox(J * 32u + uint32_t(ri.lane), uint32_t(ri.row16), uint32_t(c.h),
+                            uint32_t(c.b), p.seed_lo, p.seed_hi);
+        const uint32_t(&words)[4] = w.w;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          uint32_t u;  // the 16-bit uniform of s[8kk + e]
+          // EXERCISE BEGIN dropout-words [hard]
+          // Concept: the dropout counter mapping: which of a Philox call's 8 halves belongs to
+          // each of the lane's 8 accumulators of a 16 x 16 block (docs/CONTRACT.md).
+          //
+          // Set u to the 16-bit uniform of s[8kk + e], from the 4 words of this block's call.
+          // s[8kk + e] is n8 block 2kk + e / 4, row half (e / 2) & 1, column 2t + (e & 1). The
+          // contract: w0 = row g of the even n8 block, w1 = row g of the odd one, w2, w3 the
+          // same for row g + 8; the low 16 bits are the even column's. Trap: the order of the
+          // words is not the order of the accumulators.
+          const uint32_t word = words[(e >> 2) + 2 * ((e >> 1) & 1)];
+          u = (word >> (16 * (e & 1))) & 0xffffu;
+          // EXERCISE END
+          if (u < p.drop_threshold) s[8 * kk + e] = 0.f;
+        }
+      }
+    }
+  }
+}
+
+template <int D>
+__device__ __forceinline__ void rescale_o(float (&o)[D / 2], const float (&alpha)[2]) {
+#pragma unroll
+  for (int cb = 0; cb < D / 8; ++cb)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) o[4 * cb + 2 * r] *= alpha[r], o[4 * cb + 2 * r + 1] *= alpha[r];
+}
+
+// P (fp32 in the S registers) -> the A fragments of the PV product: S columns 16kk..16kk+15
+// are accumulators 8kk..8kk+7, in A-fragment order already (hopper.cuh).
+template <class T>
+__device__ __forceinline__ void convert_p(uint32_t (&pf)[kBc / 16][4], const float (&s)[kBc / 2]) {
+  // EXERCISE BEGIN convert-p [easy]
+  // Concept: wgmma's D layout, packed pairwise to 16 bits, is its A-from-registers layout.
+  //
+  // Fill pf[kk][0..3], the A fragment of P for the k16 step kk (keys 16kk .. 16kk + 15), from
+  // the fp32 P in s, packing pairs with pack2<T>(lower column, higher column). hopper.cuh
+  // lists both layouts; no shuffle is needed.
+#pragma unroll
+  for (int kk = 0; kk < kBc / 16; ++kk)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) pf[kk][q] = pack2<T>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
+  // EXERCISE END
+}
+
+// ---- the consumer warpgroup: one work item ----------------------------------------------
+// The steps the main loops of consumer warpgroup `wg` are written in, on one work item. It
+// works on consume_item's registers (O, S, P, the row state: held by reference, as a lambda
+// would) and knows where the item's tiles sit in the K and V rings. Each step carries its own
+// handshake (mbarrier wait or release, ping-pong turn), its trace stamp and the fault build's
+// moved wait; the stamps and the fault are no-ops in the normal build.
+template <class T, int D, int kFlags, int kConsumers, int kStages, bool kExtras, bool kTrace>
+struct ItemSteps {
+  static constexpr bool kWS = kFlags & kWarpSpec, kPP = kFlags & kPingPong,
+                        kPers = kFlags & kPersist;
+  using S = Smem<D, kConsumers, kStages, kPers>;
+  static constexpr int kBr = S::kBr;
+
+  const Item& c;
+  const int wg;
+  const KParams& p;
+  unsigned char* const smem;
+  Bars& bars;
+  const CUtensorMap* const tm_k;
+  const CUtensorMap* const tm_v;
+  Trace<kTrace>& tr;
+  const int &tid, &warp, &lane, &g, &t, &n, &M;
+  const uint32_t &kc, &vc;  // ring positions of this item's tile 0
+  const uint32_t &base, &q_addr;
+  const RowInfo& ri;
+  float (&o)[D / 2];
+  float (&s)[kBc / 2];
+  float (&m)[2];
+  float (&l)[2];
+  float (&alpha)[2];
+  uint32_t (&pf)[kBc / 16][4];
+  unsigned long long &t_s, &t_pv;  // trace: when the S and the PV GEMM in flight began
+
+  __device__ __forceinline__ uint32_t k_addr(int it) const {
+    return base + S::kK + ((kc + it) % kStages) * S::kKVBytes;
+  }
+  __device__ __forceinline__ uint32_t v_addr(int it) const {
+    return base + S::kV + ((vc + it) % kStages) * S::kKVBytes;
+  }
+
+  // The mbarrier handshakes. Waits: all 128 threads spin on the phase. Releases (warp-
+  // specialised kernels): one arrive per warp once its wgmma wait has returned.
+  __device__ __forceinline__ void wait_k(int it) {
+    const uint32_t u = kc + uint32_t(it);
+    const unsigned long long t0 = tr.now();
+    mbar_wait(&bars.full_k[u % kStages], (u / kStages) & 1);
+    tr.add(kTraceWaitK, c.walk.tile(it), t0, tr.now());
+  }
+  __device__ __forceinline__ void wait_v(int it) {
+    const uint32_t u = vc + uint32_t(it);
+    const unsigned long long t0 = tr.now();
+    mbar_wait(&bars.full_v[u % kStages], (u / kStages) & 1);
+    tr.add(kTraceWaitV, c.walk.tile(it), t0, tr.now());
+  }
+  // K_it's wait belongs before the S GEMM that reads K_it; the fault build moves it after.
+  __device__ __forceinline__ void k_wait_before(int it) {
+    if constexpr (!kFaultSkipKWait) wait_k(it);
+  }
+  __device__ __forceinline__ void k_wait_after(int it) {
+    if constexpr (kFaultSkipKWait) wait_k(it);
+  }
+  __device__ __forceinline__ void release_k(int it) {
+    if constexpr (kWS) mbar_arrive_if(&bars.empty_k[(kc + uint32_t(it)) % kStages], lane == 0);
+  }
+  __device__ __forceinline__ void release_v(int it) {
+    if constexpr (kWS) mbar_arrive_if(&bars.empty_v[(vc + uint32_t(it)) % kStages], lane == 0);
+  }
+  // Persistent: once the item's last S GEMM has been waited for, Q is free for the next item.
+  __device__ __forceinline__ void release_q(int it) {
+    if constexpr (kPers) {
+      if (it == n - 1) mbar_arrive_if(&bars.q_empty, lane == 0);
+    }
+  }
+  // Ping-pong: before its GEMMs a warpgroup waits for its turn (bar.sync on its own id, 256
+  // threads: itself + the previous warpgroup's arrive); after issuing them it hands the turn to
+  // the next one, round robin.
+  __device__ __forceinline__ void sched_wait() {
+    if constexpr (kPP) bar_sync(kBarSched + wg, 2 * kWGThreads);
+  }
+  __device__ __forceinline__ void sched_pass() {
+    if constexpr (kPP) bar_arrive(kBarSched + (wg + 1) % kConsumers, 2 * kWGThreads);
+  }
+
+  // The GEMMs: issue (stamping the start), and done once a wgmma wait has covered them.
+  __device__ __forceinline__ void issue_s_of(int it) {
+    t_s = tr.now();
+    issue_s<T, D, kBr>(s, q_addr, k_addr(it));
+  }
+  __device__ __forceinline__ void issue_pv_of(int it) {
+    t_pv = tr.now();
+    issue_pv<T, D>(o, pf, v_addr(it));
+  }
+  __device__ __forceinline__ void s_done(int tile) { tr.add(kTraceGemmS, tile, t_s, tr.now()); }
+  __device__ __forceinline__ void pv_done(int tile) { tr.add(kTraceGemmPV, tile, t_pv, tr.now()); }
+  __device__ __forceinline__ void softmax(int it) {
+    const int tile = c.walk.tile(it);
+    const unsigned long long t0 = tr.now();
+    softmax_tile<kExtras>(s, m, l, alpha, ri, tile, tile >= c.n_unmasked, p, c);
+    tr.add(kTraceSoftmax, tile, t0, tr.now());
+  }
+  // No producer (tma-wgmma): everyone is done with stage st, so thread 0 refills it with tile
+  // it + 2 (tile it + 1 is already in flight in the other stage).
+  __device__ __forceinline__ void refill(int it) {
+    __syncthreads();
+    if (threadIdx.x == 0 && it + kStages < n) {
+      const int st = int((kc + uint32_t(it)) % kStages);
+      const int nt = c.walk.tile(it + kStages);
+      fault_delay();
+      load_kv<S>(c, smem, tm_k, S::kK, &bars.full_k[st], st, nt);
+      load_kv<S>(c, smem, tm_v, S::kV, &bars.full_v[st], st, nt);
+      const unsigned long long ti = tr.now();
+      tr.add(kTraceTmaIssueK, nt, ti, ti);
+    }
+  }
+
+  // tma-wgmma and warp-specialized: one tile at a time, each GEMM waited for at once.
+  __device__ __forceinline__ void mainloop_serial() {
+    for (int it = 0; it < n; ++it) {
+      const int tile = c.walk.tile(it);
+      k_wait_before(it);
+      issue_s_of(it);
+      k_wait_after(it);
+      wgmma_wait<0>();
+      reg_fence(s);
+      s_done(tile);
+      release_k(it);
+      softmax(it);
+      rescale_o<D>(o, alpha);
+      convert_p<T>(pf, s);
+      wait_v(it);
+      issue_pv_of(it);
+      wgmma_wait<0>();
+      reg_fence(o);
+      pv_done(tile);
+      release_v(it);
+      if constexpr (!kWS) refill(it);
+    }
+  }
+
+  // Ping-pong and intra-overlap open alike: the last warpgroup gives warpgroup 0 the first turn
+  // (one-item kernels; the persistent ones do that once per CTA), and tile 0 runs S alone.
+  __device__ __forceinline__ void first_s() {
+    if (!kPers && wg == kConsumers - 1) bar_arrive(kBarSched + 0, 2 * kWGThreads);
+    k_wait_before(0);
+    sched_wait();
+    issue_s_of(0);
+    sched_pass();
+    k_wait_after(0);
+    wgmma_wait<0>();
+    reg_fence(s);
+    s_done(c.walk.tile(0));
+    release_k(0);
+    release_q(0);
+    softmax(0);
+  }
+  // ... and close alike: the last tile's PV. The one-item kernels' last warpgroup skips its
+  // very last hand-over, so the barriers end balanced.
+  __device__ __forceinline__ void last_pv() {
+    wait_v(n - 1);
+    sched_wait();
+    issue_pv_of(n - 1);
+    if (kPers || wg != kConsumers - 1) sched_pass();
+    wgmma_wait<0>();
+    reg_fence(o);
+    pv_done(c.walk.tile(n - 1));
+    release_v(n - 1);
+  }
+
+  // pingpong: the GEMMs of a step travel together, S_j = Q K_j^T with O += P_{j-1} V_{j-1},
+  // between sched_wait and sched_pass; each step waits for both, then runs the softmax. The
+  // overlap is between the warpgroups only.
+  __device__ __forceinline__ void mainloop_pingpong() {
+    first_s();
+    rescale_o<D>(o, alpha);
+    convert_p<T>(pf, s);
+    for (int it = 1; it < n; ++it) {
+      k_wait_before(it);
+      sched_wait();
+      issue_s_of(it);
+      wait_v(it - 1);
+      issue_pv_of(it - 1);
+      sched_pass();
+      k_wait_after(it);
+      wgmma_wait<0>();
+      reg_fence(s);
+      reg_fence(o);
+      s_done(c.walk.tile(it));
+      pv_done(c.walk.tile(it - 1));
+      release_k(it);
+      release_q(it);
+      release_v(it - 1);
+      softmax(it);
+      rescale_o<D>(o, alpha);
+      convert_p<T>(pf, s);
+    }
+    last_pv();
+  }
+
+  // intra-overlap: softmax_j runs while P_{j-1} V_{j-1} is still on the tensor cores. Step j:
+  // [wait for PV_{j-2}; P_{j-1} to 16 bits] issue S_j; rescale O by alpha_{j-1} (under S_j);
+  // issue PV_{j-1}; wait for S_j only (wait_group 1); softmax_j. The wait for PV_{j-2} sits at
+  // the top of step j, not at the end of step j-1: the two are the same moment, but ptxas
+  // hoists a wait_group 0 to the top of the basic block it shares with the softmax (which would
+  // serialise them again); the loop edge stops it.
+  __device__ __forceinline__ void mainloop_overlap() {
+    first_s();
+    for (int it = 1; it < n; ++it) {
+      wgmma_wait<0>();  // PV_{it-2} (nothing pending at it = 1)
+      reg_fence(o);
+      reg_fence(pf);
+      if (it >= 2) {
+        pv_done(c.walk.tile(it - 2));
+        release_v(it - 2);
+      }
+      convert_p<T>(pf, s);
+      k_wait_before(it);
+      sched_wait();
+      issue_s_of(it);
+      rescale_o<D>(o, alpha);
+      wait_v(it - 1);
+      issue_pv_of(it - 1);
+      sched_pass();
+      k_wait_after(it);
+      wgmma_wait<1>();  // S_it done; PV_{it-1} may still run
+      reg_fence(s);
+      s_done(c.walk.tile(it));
+      release_k(it);
+      release_q(it);
+      softmax(it);
+    }
+    wgmma_wait<0>();  // PV_{n-2}
+    reg_fence(o);
+    reg_fence(pf);
+    if (n >= 2) {
+      pv_done(c.walk.tile(n - 2));
+      release_v(n - 2);
+    }
+    convert_p<T>(pf, s);
+    rescale_o<D>(o, alpha);
+    last_pv();
+  }
+
+  // The epilogue: l across the quad, O /= l, LSE, O through shared memory to 16-byte stores.
+  // O is staged in shared memory in the tiles' swizzled layout, so that the 4-byte fragment
+  // writes and the 16-byte row reads both avoid bank conflicts; each warpgroup uses its own 64
+  // rows. One-item kernels stage it in the Q tile (its last S GEMM has been waited for, and no
+  // other warpgroup reads those rows). Persistent kernels have an O buffer, since the next
+  // item's Q may already be landing in the Q tile; the first barrier makes sure the previous
+  // item's reads of this warpgroup's rows are done before they are overwritten.
+  __device__ __forceinline__ void epilogue() {
+    float inv_l[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float lr = l[r];
+      lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+      lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+      inv_l[r] = lr > 0.f ? 1.f / lr : 0.f;  // l = 0: no visible key, O = 0
+      if constexpr (kExtras) {
+        if (p.dropout) inv_l[r] *= p.drop_rescale;
+      }
+      const int row = c.i0 + wg * 64 + warp * 16 + g + 8 * r;
+      if (t == 0 && row < M)
+        p.lse[size_t(c.bh) * M + row] = lr > 0.f ? m[r] * p.scale + logf(lr) : kNegInf;
+    }
+    T* so = reinterpret_cast<T*>(smem + (kPers ? S::kO : S::kQ));
+    auto at = [&](int row, int col) {  // element offset of (tile row, column)
+      return (col / 64) * (kBr * 64) + row * 64 + ((((col % 64) / 8) ^ (row % 8)) * 8) + col % 8;
+    };
+    if constexpr (kPers) bar_sync(kBarEpilogue + wg, kWGThreads);
+#pragma unroll
+    for (int cb = 0; cb < D / 8; ++cb)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = wg * 64 + warp * 16 + g + 8 * r, col = cb * 8 + 2 * t;
+        *reinterpret_cast<uint32_t*>(so + at(row, col)) =
+            pack2<T>(o[4 * cb + 2 * r] * inv_l[r], o[4 * cb + 2 * r + 1] * inv_l[r]);
+      }
+    bar_sync(kBarEpilogue + wg, kWGThreads);
+    T* out = static_cast<T*>(p.o) + size_t(c.bh) * M * D;
+    constexpr int kRowChunks = D / 8;
+#pragma unroll
+    for (int k = 0; k < 64 * kRowChunks / kWGThreads; ++k) {
+      const int idx = k * kWGThreads + tid, row = wg * 64 + idx / kRowChunks;
+      const int col = (idx % kRowChunks) * 8;
+      if (c.i0 + row < M)
+        *reinterpret_cast<uint4*>(out + size_t(c.i0 + row) * D + col) =
+            *reinterpret_cast<const uint4*>(so + at(row, col));
+    }
+  }
+};
+
+// Main loop and epilogue of one item for consumer warpgroup `wg`, in the schedule the variant
+// names; `pos` advances past the item's tiles. The persistent kernels (kPersist) also release Q
+// after the item's last S GEMM, keep the ping-pong turn going from one item to the next, and
+// stage O in their own buffer.
+template <class T, int D, int kFlags, int kConsumers, int kStages, bool kExtras, bool kTrace>
+__device__ __forceinline__ void consume_item(const Item& c, int wg, const KParams& p,
+                                             unsigned char* smem, Bars& bars, RingPos& pos,
+                                             const CUtensorMap* tm_k, const CUtensorMap* tm_v,
+                                             Trace<kTrace>& tr) {
+  const int tid = threadIdx.x % kWGThreads, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int n = c.walk.n_iter;
+  const int M = p.seq_q, N = p.seq_k;
+  const uint32_t kc = pos.k, vc = pos.v;  // ring positions of this item's tile 0
+
+  RowInfo ri;
+  ri.t = t, ri.lane = lane;
+  ri.row16 = (c.i0 + wg * 64 + warp * 16) / 16;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = c.i0 + wg * 64 + warp * 16 + g + 8 * r;
+    ri.limit[r] = p.causal ? min(N, row + 1 + N - M) : N;
+  }
+  const uint32_t base = smem_u32(smem);
+  const uint32_t q_addr = base + Smem<D, kConsumers, kStages, (kFlags & kPersist) != 0>::kQ +
+                          wg * 64 * kRowBytes;  // this warpgroup's 64 rows
+
+  float o[D / 2], s[kBc / 2], m[2], l[2], alpha[2];
+  uint32_t pf[kBc / 16][4];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) m[r] = kNegInf, l[r] = 0.f, alpha[r] = 1.f;
+
+  unsigned long long t_s = 0, t_pv = 0;
+  // clang-format off
+  ItemSteps<T, D, kFlags, kConsumers, kStages, kExtras, kTrace> ic{
+      c, wg, p, smem, bars, tm_k, tm_v, tr, tid, warp, lane, g, t, n, M, kc, vc, base, q_addr,
+      ri, o, s, m, l, alpha, pf, t_s, t_pv};
+  // clang-format on
+  if (n > 0) {
+    mbar_wait(&bars.q_full, pos.q & 1);
+    if constexpr (!(kFlags & kPingPong))
+      ic.mainloop_serial();
+    else if constexpr (!(kFlags & kIntraOverlap))
+      ic.mainloop_pingpong();
+    else
+      ic.mainloop_overlap();
+  }
+  ic.epilogue();
+  if (n > 0) pos.k += uint32_t(n), pos.v += uint32_t(n), pos.q += 1;
+}
+
+// The consumers of the persistent kernels: the items the producer publishes, until an index
+// past the end. The ping-pong turn runs on across items (the next item's first S GEMM is the
+// turn after the last PV of this one); the last warpgroup's opening arrive on warpgroup 0's
+// barrier is matched by warpgroup 0's closing wait, so every named barrier ends balanced
+// however many items (or empty items) the CTA gets.
+template <class T, int D, int kFlags, int kConsumers, int kStages, bool kExtras, bool kTrace>
+__device__ __forceinline__ void persistent_consumer(int wg, const KParams& p, unsigned char* smem,
+                                                    Bars& bars, Trace<kTrace>& tr) {
+  const int lane = threadIdx.x % 32;
+  RingPos pos;
+  uint32_t taken = 0;
+  if (wg == kConsumers - 1) bar_arrive(kBarSched + 0, 2 * kWGThreads);
+  for (int idx = int(blockIdx.x); idx < p.items;) {
+    int mt, bh;
+    item_coords(p, idx, mt, bh);
+    const Item c = make_item<64 * kConsumers, kExtras>(p, mt, bh);
+    consume_item<T, D, kFlags, kConsumers, kStages, kExtras, kTrace>(c, wg, p, smem, bars, pos,
+                                                                     nullptr, nullptr, tr);
+    idx = receive_item(bars, taken, lane);
+  }
+  if (wg == 0) bar_sync(kBarSched + 0, 2 * kWGThreads);
+}
+
+}  // namespace
+}  // namespace ladder::fa3
