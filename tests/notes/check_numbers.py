@@ -11,7 +11,7 @@ The number is the last one before the comment (digits, with optional thousands c
 decimal part; a sign, ×, % or unit may sit between). The tag names its source row:
   ceiling=NAME          notes/results/ceilings.csv: the newest row of that ceiling (the last in
                         the file, as tools/figures.py reads it); column `value`.
-  file=NAME.csv         a results file in notes/results (default h100.csv); every other key is
+  file=NAME.csv|.tsv    a results file in notes/results (default h100.csv); every other key is
                         a column of it that the row must match, with these shorthands:
                           dir=D   direction=D
                           seq=N   seq_q=N and seq_k=N
@@ -52,7 +52,7 @@ def rows(name):
     if name not in _cache:
         path = RESULTS / name
         with open(path, newline="", encoding="utf-8") as f:
-            _cache[name] = list(csv.DictReader(f))
+            _cache[name] = list(csv.DictReader(f, delimiter="\t" if name.endswith(".tsv") else ","))
     return _cache[name]
 
 
@@ -85,7 +85,7 @@ def source(keys):
     for k, v in keys.items():
         if k == "dir":
             want["direction"] = v
-        elif k == "seq":
+        elif k == "seq" and "seq" not in columns:
             want["seq_q"] = want["seq_k"] = v
         else:
             want[k] = v
