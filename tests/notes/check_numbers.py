@@ -46,6 +46,9 @@ def documents():
 
 
 _cache = {}
+_normed = {}
+_by_id = {}
+_by_step = {}
 
 
 def rows(name):
@@ -100,19 +103,34 @@ def source(keys):
     if unknown:
         raise ValueError(f"{name} has no column {', '.join(unknown)}")
 
-    def match(r, w):
-        return all(norm(k, r[k] if (r[k] or "").strip() else
-                        {"dropout": "0", "density": "1"}.get(k, "")) == norm(k, v)
-                   for k, v in w.items())
+    if name not in _normed:  # each row's values normalised once
+        _normed[name] = [
+            {k: norm(k, v if (v or "").strip() else {"dropout": "0", "density": "1"}.get(k, ""))
+             for k, v in r.items()} for r in table]
+        _by_id[name] = {id(r): n for r, n in zip(table, _normed[name])}
+    normed, by_id = _normed[name], _by_id[name]
 
-    found = [r for r in table if match(r, want)]
+    def match(r, w):
+        n = by_id[id(r)]
+        return all(n[k] == norm(k, v) for k, v in w.items())
+
+    def candidates(w):  # the rows of that step only, when the tag names one
+        if "step" not in w or "step" not in columns:
+            return table
+        index = _by_step.setdefault(name, {})
+        if not index:
+            for r, n in zip(table, normed):
+                index.setdefault(n["step"], []).append(r)
+        return index.get(norm("step", w["step"]), [])
+
+    found = [r for r in candidates(want) if match(r, want)]
     if not found:
         raise ValueError(f"no row of {name} matches {want}")
     if over is None:
         return float(found[-1][field])
     for r in reversed(found):  # the newest rung row whose peer was measured in the same call
         peer = dict(want, step=over, commit=r["commit"])
-        same = [p for p in table if match(p, peer)]
+        same = [p for p in candidates(peer) if match(p, peer)]
         if same:
             return float(r[field]) / float(same[-1][field])
     raise ValueError(f"no {over} row measured with any matching {want.get('step')} row")
