@@ -24,6 +24,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "exercise.hpp"
+
 namespace ladder::step05 {
 
 // What every forward kernel of the step needs to know. Q, O: [B, H, M, D]; K, V: [B, Hkv, N,

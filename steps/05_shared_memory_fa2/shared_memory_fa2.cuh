@@ -66,6 +66,7 @@
 #include <type_traits>
 
 #include "dropout.hpp"
+#include "exercise.hpp"
 #include "row_per_thread.cuh"
 
 namespace ladder::step05 {
