@@ -19,7 +19,7 @@ the same harness grades it.
   tools/exercise.py list --markdown           the table of notes/EXERCISES.md
   tools/exercise.py list --markdown --write   refresh that table in place (--check: is it current?)
   tools/exercise.py create 2                  exercises/02_online_softmax/, every region
-  tools/exercise.py create 2 --region tiled-update
+  tools/exercise.py create 2 --region tile-update
   tools/exercise.py grade 2                   build the copy and run its tests: PASS or FAIL
   tools/exercise.py diff 2                    the copy against the solution
   tools/exercise.py create 2 --force          start over (the old copy is kept in a backup)

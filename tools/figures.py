@@ -335,8 +335,34 @@ def fig_tflops(plt, rows, gpu, tag, out_dir, names, written, ceil):
         plt.close(fig)
 
 
+def own_bytes(r):
+    """The HBM bytes a row's rung moves by its own traffic model (its note's cost model), or
+    None for the compulsory bytes the CSV's GB/s were computed from. Step 03 writes S and P to
+    HBM and reads them back: 4(2Md + 2Nd + 4MN) bytes per (batch, head) forward and
+    4(6Md + 4Nd + 7MN) backward, in fp32 (notes/03_naive_cuda.md, "Cost model"). Every other
+    rung and peer keeps S and P on chip and moves the compulsory bytes."""
+    if r.step == "03" and r.dtype == "fp32":
+        m, n, d = r.seq_q, r.seq_k, r.dim
+        per_head = (2 * m * d + 2 * n * d + 4 * m * n) if r.direction == "fwd" else \
+            (6 * m * d + 4 * n * d + 7 * m * n)
+        return 4.0 * r.batch * r.heads * per_head
+    return None
+
+
+def intensity(r):
+    """A row's arithmetic intensity in FLOP per HBM byte: the conventional FLOPs (TFLOP/s x ms)
+    over the rung's own bytes where it has a model that differs (own_bytes), else over the
+    compulsory bytes (TFLOP/s over GB/s)."""
+    own = own_bytes(r)
+    if own:
+        return r.tflops * 1e12 * r.ms * 1e-3 / own
+    return 1e3 * r.tflops / r.gbps
+
+
 def fig_roofline(plt, rows, gpu, tag, out_dir, names, written, ceil):
-    """(b) each GPU rung and peer by arithmetic intensity (FLOPs / compulsory bytes)."""
+    """(b) each GPU rung and peer by arithmetic intensity: FLOPs over the bytes the rung itself
+    moves (intensity: step 03's S and P round trips included), against the measured ceilings.
+    The same figure serves the README and the notes."""
     sel = [r for r in rows if r.flash_shape and not r.causal and r.gbps > 0 and r.tflops > 0 and
            r.step not in CPU_RUNGS]
     # fp16 sits where bf16 does (same bytes, same mma rate): draw one of them, bf16 first.
@@ -349,7 +375,7 @@ def fig_roofline(plt, rows, gpu, tag, out_dir, names, written, ceil):
         return
     dirs = [d for d in ("fwd", "bwd") if any(r.direction == d for r in sel)]
     fig, axes = plt.subplots(1, len(dirs), squeeze=False, figsize=(6.2 * len(dirs) + 1.5, 5.0))
-    ai_all = [1e3 * r.tflops / r.gbps for r in sel]  # TFLOP/s / (GB/s) * 1e3 = FLOP/byte
+    ai_all = [intensity(r) for r in sel]
     hbm = ceil["hbm_copy"].value if "hbm_copy" in ceil else None
     peaks = [(ceil[n].value, what) for n, what in (
         ("fp32_ffma", "fp32 FFMA"), (f"mma_sync_{half}", f"mma.sync {half}"),
@@ -375,7 +401,7 @@ def fig_roofline(plt, rows, gpu, tag, out_dir, names, written, ceil):
         series = defaultdict(list)
         for r in sel:
             if r.direction == direction:
-                series[(r.step, r.dtype, r.dim)].append((1e3 * r.tflops / r.gbps, r.tflops))
+                series[(r.step, r.dtype, r.dim)].append((intensity(r), r.tflops))
         for (step, dtype, dim), pts in sorted(series.items(), key=lambda kv: (order(kv[0][0]),
                                                                               kv[0][1:])):
             pts.sort()
@@ -391,14 +417,16 @@ def fig_roofline(plt, rows, gpu, tag, out_dir, names, written, ceil):
                     top=max([r.tflops for r in sel] + [p for p, _ in peaks]) * 2)
         ax.grid(True, which="major", alpha=0.3)
         ax.set_title(f"{direction} (not causal)", fontsize=9)
-        ax.set_xlabel("arithmetic intensity, FLOPs / compulsory HBM bytes")
+        ax.set_xlabel("arithmetic intensity, FLOPs / HBM bytes the rung moves")
         ax.set_ylabel("TFLOP/s")
     keys = sorted(handles, key=lambda k: (order(k[0]), k[1]))
     labels = [f"{label(s, names)} ({t})" for s, t in keys]
     legend_right(fig, axes[0][0], [handles[k] for k in keys], labels, markers)
     fig.suptitle(f"{gpu}: roofline, flash-attention shapes, seq {min(r.seq_q for r in sel)}…"
                  f"{max(r.seq_q for r in sel)} left to right\nfilled: ladder rungs; open: "
-                 f"PyTorch SDPA; fp32 and {half}; {ceiling_source(ceil)}", fontsize=10)
+                 f"PyTorch SDPA; fp32 and {half}; {ceiling_source(ceil)}\nbytes: step 03's "
+                 "S and P round trips (its note's model), the compulsory Q, K, V, O for the "
+                 "others", fontsize=10)
     fig.tight_layout()
     save(fig, out_dir, f"{tag}_roofline", written)
     plt.close(fig)
@@ -725,6 +753,21 @@ def fig_timeline(plt, trace, gpu, tag, out_dir, written):
         stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", variant)
         save(fig, out_dir, f"{tag}_timeline_{stem}", written)
         plt.close(fig)
+
+
+def note_figures(notes_dir, written):
+    """The figures the notes embed (![...](figures/NAME.svg)): each is one this run writes, so
+    the notes show the current figures as soon as this script has run. Returns the embeds that
+    name a figure this run did not write (a renamed or dropped figure), printed as warnings."""
+    made = {Path(w).name for w in written}
+    stale = []
+    for note in sorted(Path(notes_dir).glob("*.md")):
+        for m in re.finditer(r"!\[[^\]]*\]\(figures/([^)\s]+)\)", note.read_text(encoding="utf-8")):
+            if m.group(1) not in made:
+                stale.append(f"{shown(note)} embeds figures/{m.group(1)}, which this run did not write")
+    for s in stale:
+        print(f"figures: {s}", file=sys.stderr)
+    return stale
 
 
 def use_system_python():
@@ -1074,7 +1117,7 @@ def main(argv=None):
     plt = import_pyplot()
     out_dir.mkdir(parents=True, exist_ok=True)
     names = rung_names()
-    body = []
+    body, all_written = [], []
     for path, rows in data:
         tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.stem)
         gpu = ", ".join(unique(r.gpu for r in rows)) or tag
@@ -1099,6 +1142,7 @@ def main(argv=None):
                 fig_timeline(plt, trace, gpu, tag, out_dir, written)
         for w in written:
             print(f"figures: wrote {shown(w)}")
+        all_written += written
         svgs = [w for w in written if w.suffix == ".svg"]
         try:
             csv_rel = path.resolve().relative_to(readme.resolve().parent).as_posix()
@@ -1107,6 +1151,7 @@ def main(argv=None):
             csv_rel, svg_rel = str(path), svgs
         body += results_table(plain, [h for h in history if h.plain and not h.variant], tag,
                               csv_rel, names, svg_rel)
+    note_figures(ROOT / "notes", all_written)
     changed = update_readme(readme, "\n".join(body))
     print(f"figures: {readme.name} results table {'updated' if changed else 'unchanged'}")
     return 0

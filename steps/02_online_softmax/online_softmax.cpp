@@ -1,7 +1,7 @@
 // Step 02 — online softmax (CPU, fp32).
-// Adds: online (m, l) with rescale exp(m_old - m_new); one-pass recurrence with unnormalised O; one
-// division at the end; tiled Br x Bc form (FlashAttention pseudocode); block-sparse masks, skipped
-// a tile at a time; dropout regenerated from a counter-based generator, never stored.
+// Adds: online (m, l), the sum corrected as the max grows; one-pass recurrence with unnormalised O;
+// one division at the end; tiled Br x Bc form (FlashAttention pseudocode); block-sparse masks,
+// skipped a tile at a time; dropout regenerated from a counter-based generator, never stored.
 //
 // Where it sits: after 01's three passes over each row of S. The online softmax
 // (Milakov & Gimelshein, 2018) keeps a running max m and a running sum l, and corrects the
@@ -171,9 +171,15 @@ void tiled(const Views& x, Outputs& out, int64_t Br, int64_t Bc) {
         const int64_t tc_end = std::min(Tc, (n_vis + Bc - 1) / Bc);
         for (int64_t tj = 0; tj < tc_end; ++tj) {
           const int64_t j0 = tj * Bc, cols = std::min(Bc, N - j0);
-          // A tile whose mask block is 0 is skipped whole: Br and Bc divide the mask block,
-          // so one tile lies in one block.
+          // EXERCISE BEGIN block-skip [easy]
+          // Concept: a block-sparse mask is honoured by skipping: a key tile in a mask block of
+          // 0 is never computed, which is both the mask and the saving.
+          //
+          // x.mask.visible(b, h, i, j) says whether the mask block holding (i, j) is kept. Br
+          // and Bc divide the mask block, so one tile lies in one block. Nothing below looks
+          // at the mask: computing a hidden tile would count its keys in l and O.
           if (!x.mask.visible(b, h, i0, j0)) continue;
+          // EXERCISE END
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t n = p.visible_keys(i0 + r);  // mask inside the tile
             float row_max = kNegInf;
@@ -227,7 +233,7 @@ const Step& step_02() {
     s.summary =
         "online softmax: 2-pass (m, l fused), then the one-pass recurrence (running m, l, O; one "
         "divide)";
-    s.adds = {"online (m, l) with rescale exp(m_old - m_new)",
+    s.adds = {"online (m, l), the sum corrected as the max grows",
               "one-pass recurrence with unnormalised O",
               "one division at the end",
               "tiled Br x Bc form (FlashAttention pseudocode)",

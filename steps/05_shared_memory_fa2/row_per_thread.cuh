@@ -11,8 +11,7 @@
 //     for each K/V tile j that some row of the block can see:
 //       K_j, V_j -> shared memory (all threads, coalesced), barrier
 //       s = scale q K_j^T, masked keys -inf              (Bc scores, registers)
-//       m_new = max(m, max s);  o, l *= exp(m - m_new)    (the online rescale, once per tile)
-//       p = exp(s - m_new);  l += sum p;  o += p V_j
+//       fold the tile into m, l, o                     (the online rescale, once per tile)
 //     O_i = o / l,  LSE_i = m + log l
 // Correct for any lengths: keys past the end are zero-filled and masked, rows past the end
 // only help to load. What it does not do yet, and the next variants add: a thread holds all
@@ -24,6 +23,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+
+#include "exercise.hpp"
 
 namespace ladder::step05 {
 
@@ -93,6 +94,15 @@ __global__ void __launch_bounds__(kRowBr) row_forward_kernel(const FwdArgs p) {
   const int n_vis = p.causal ? min(p.seq_k, max(0, i0 + rows + p.seq_k - p.seq_q)) : p.seq_k;
 
   for (int j0 = 0; j0 < n_vis; j0 += kRowBc) {
+    // EXERCISE BEGIN smem-staging [medium]
+    // Concept: staging a tile in shared memory: every thread copies a share, and two barriers
+    // order the copy against the reads of the previous tile and of this one.
+    //
+    // Fill Ks[jj][c], Vs[jj][c] (jj < kRowBc, c < D) with keys j0 + jj, the kRowBr threads
+    // (t = 0 .. kRowBr - 1) sharing the copy so that consecutive threads read consecutive
+    // floats. Keys past seq_k must be zeros, not garbage: why? Which threads may still be
+    // reading the previous tile when the first one starts writing this one, and which
+    // threads' floats does each thread read afterwards?
     __syncthreads();  // every thread is done with the previous tile
     // Consecutive threads copy consecutive floats: coalesced. Keys past the end are zeros
     // (their scores are masked below; garbage could be NaN, and 0 * NaN = NaN in o).
@@ -103,6 +113,7 @@ __global__ void __launch_bounds__(kRowBr) row_forward_kernel(const FwdArgs p) {
       Vs[jj][c] = in ? V[size_t(j0 + jj) * D + c] : 0.f;
     }
     __syncthreads();  // the tile is in shared memory
+    // EXERCISE END
 
     float s[kRowBc];
     float tile_max = -INFINITY;
@@ -115,6 +126,13 @@ __global__ void __launch_bounds__(kRowBr) row_forward_kernel(const FwdArgs p) {
       s[jj] = j < p.seq_k && j <= last ? __fmul_rn(dot, p.scale) : -INFINITY;
       tile_max = fmaxf(tile_max, s[jj]);
     }
+    // EXERCISE BEGIN row-online-update [medium]
+    // Concept: the online-softmax rescale in one thread's registers, a tile of keys at a time:
+    // one rescale of l and o per tile, then the tile's weights added.
+    //
+    // s[0..kRowBc) holds this tile's scores (-inf where masked), tile_max their max; m, l,
+    // o[0..D) describe the tiles before. Afterwards they must describe this tile too, relative
+    // to the new running max. Trap: a row that has seen only masked keys (m = -inf).
     // The online update, once per tile. A row that has seen only masked keys keeps m = -inf:
     // shift by 0 then, so that exp(-inf - 0) = 0 instead of exp(-inf + inf) = NaN.
     const float m_new = fmaxf(m, tile_max);
@@ -131,6 +149,7 @@ __global__ void __launch_bounds__(kRowBr) row_forward_kernel(const FwdArgs p) {
       for (int c = 0; c < D; ++c) o[c] = fmaf(pj, Vs[jj][c], o[c]);
     }
     m = m_new;
+    // EXERCISE END
   }
 
   if (!active) return;

@@ -66,6 +66,7 @@
 #include <type_traits>
 
 #include "dropout.hpp"
+#include "exercise.hpp"
 #include "row_per_thread.cuh"
 
 namespace ladder::step05 {
@@ -341,8 +342,16 @@ __global__ void __launch_bounds__(kFwdMaxThreads)
   for (int x = 0; x < n_tiles; ++x) {
     int jt = x;
     if constexpr (kSparse) {
+      // EXERCISE BEGIN block-skip [medium]
+      // Concept: the block-sparse skip: walk the list of kept key blocks, so that a masked
+      // tile is never loaded or multiplied, and stop at the causal limit.
+      //
+      // list[0 .. blk_count) holds the kept key blocks of this Q tile's mask row, ascending;
+      // a mask block covers p.f.mask_sub key tiles of kBc. Set jt to the x-th kept tile, and
+      // leave the loop once jt reaches tc (the tiles this Q tile may see at all).
       jt = list[x / p.f.mask_sub] * p.f.mask_sub + x % p.f.mask_sub;
       if (jt >= tc) break;  // ascending: every later kept tile is past the causal limit too
+      // EXERCISE END
     }
     const int j0 = jt * kBc;
     __syncthreads();  // everyone is done with the last tile's P_ij (in K's buffer) and V_j
