@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -112,9 +113,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& dout, c
           from_host(out.dv, q.scalar_type())};
 }
 
+// What check_cpu accepts, in the format of the CUDA library's registry ("rung dtype dim
+// backward lse_lo", dim 0: any), so that ladder_torch reads both the same way.
+std::string capabilities() {
+  return "0 float64 0 1 0\n0 float32 0 1 0\n";
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(ladder, CPU, m) {
   m.impl("fwd", &fwd_cpu);
   m.impl("bwd", &bwd_cpu);
+}
+
+TORCH_LIBRARY_FRAGMENT(ladder, m) {
+  m.def("cpu_capabilities() -> str", &capabilities);
 }
