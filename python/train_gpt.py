@@ -32,9 +32,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus import build_corpus  # noqa: E402
-from ladder_torch import RUNGS, ladder_attention, load  # noqa: E402
+import ladder_torch  # the installed package (pip install ./python)
+from corpus import build_corpus  # beside this script
+from ladder_torch import RUNGS, ladder_attention
 
 WARMUP_STEPS_EXCLUDED = 10  # from the step-time statistics: allocator, cuBLAS and cache warm-up
 FINAL_WINDOW = 20  # training steps averaged into the final training loss
@@ -157,8 +157,8 @@ def check_attn(attn: str, precision: str, device: str) -> None:
         here = ", ".join(f"rung{r.number}" for r in RUNGS.values() if r.device == device)
         raise SystemExit(f"--attn {attn}: not among the rungs that run on {device} ({here})")
     want = torch.bfloat16 if precision == "bf16" else torch.float32
-    if want not in RUNGS[n].dtypes:
-        raise SystemExit(f"--attn {attn} does not take {want}: {RUNGS[n].describe()}")
+    if want not in ladder_torch._native.capabilities(n):
+        raise SystemExit(f"--attn {attn} does not take {want}: {ladder_torch.describe(n)}")
 
 
 def train(attn: str, args, text: str, device: torch.device) -> dict:
@@ -306,8 +306,6 @@ def main() -> int:
         f"d_model {args.d_model}, {args.heads} heads, context {args.context}, batch {args.batch}"
     )
     device = torch.device(args.device)
-    if any(a != "sdpa" for a in args.attn):
-        load(args.device)  # build (or find built) the rungs' extension before any clock starts
     for attn in args.attn:
         train(attn, args, text, device)
     return 0

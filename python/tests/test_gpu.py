@@ -20,7 +20,8 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 import attention_reference as ref  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from ladder_torch import ladder_attention, load  # noqa: E402
+import ladder_torch  # noqa: E402
+from ladder_torch import ladder_attention  # noqa: E402
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device: the GPU rungs' tests need one", allow_module_level=True)
@@ -34,9 +35,8 @@ if torch.cuda.get_device_capability() != (9, 0):
 DEV = "cuda"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _cuda_extension():
-    load("cuda")  # built once; the tests that call torch.ops.ladder.* directly need it loaded
+if ladder_torch._native.why_unavailable("cuda"):
+    pytest.fail(f"a CUDA device but no CUDA library: {ladder_torch._native.why_unavailable('cuda')}")
 
 
 # (batch, heads, heads_kv, seq_q, seq_k, dim, causal, scale)
@@ -197,8 +197,9 @@ Q = (1, 2, 8, 64)
 
 # (q, k, v, keyword arguments, exception, words of its message)
 ERRORS = [
-    (_cuda(1, 2, 8, 80), _cuda(1, 2, 8, 80), _cuda(1, 2, 8, 80), {}, ValueError, "head dim 80"),
-    (_cuda(*Q, dtype=F64), _cuda(*Q, dtype=F64), _cuda(*Q, dtype=F64), {}, TypeError, "bfloat16"),
+    (*(_cuda(1, 2, 8, 80),) * 3, dict(rung=6), ValueError, "head dim 80"),
+    (*(_cuda(*Q, dtype=F64),) * 3, dict(rung=6), TypeError, "bfloat16"),
+    (*(_cuda(*Q, dtype=F64),) * 3, {}, TypeError, "no rung takes"),
     (*(_cuda(1, 2, 8, 32, dtype=F32),) * 3, dict(rung=5), ValueError, "head dim 32"),
     (*(_cuda(1, 2, 8, 32),) * 3, dict(rung=7), ValueError, "head dim 32"),
     (*(_cuda(*Q, dtype=F32),) * 3, dict(rung=7), TypeError, "bfloat16"),
