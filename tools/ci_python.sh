@@ -13,6 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_VERSION="${LADDER_TORCH_VERSION:-2.11.0}"
 VENV="${LADDER_PY_VENV:-.venv-ci}"
+ROOT="$PWD"
+case "$VENV" in /*) ;; *) VENV="$ROOT/$VENV" ;; esac
 sudo=""
 [ "$(id -u)" = 0 ] || sudo="sudo"
 
@@ -43,7 +45,7 @@ echo "== installed ($(($(date +%s) - start)) s)"
 echo "== pytest python/tests"
 status=0
 # From /tmp, so that nothing but the installed package can be imported as ladder_torch.
-(cd /tmp && "$OLDPWD/$VENV/bin/python" -m pytest -p no:cacheprovider -rs -q "$OLDPWD/python/tests") || status=$?
+(cd /tmp && "$VENV/bin/python" -m pytest -p no:cacheprovider -rs -q "$ROOT/python/tests") || status=$?
 if [ "$status" = 5 ]; then
   echo "ci_python: pytest collected no tests" >&2
   exit 1
