@@ -4,12 +4,13 @@
   ladder::bwd(dout, q, k, v, out, lse, lse_lo, causal, scale, rung) -> (dq, dk, dv)
 
 The real implementations are C++ (python/csrc: ops_cpu.cpp for rung 0, ops_cuda.cpp for the GPU
-rungs), registered per dispatch key when _native loads their libraries; this module imports
-nothing from the package but the rungs' table, so that the libraries' loader can import it
-first (schemas before kernels) without a cycle. The fake implementations give torch.compile the
-outputs' shapes and dtypes without running anything, and register_autograd makes
-loss.backward() call ladder::bwd, the rung's own backward kernels. lse_lo is LSE's rounding
-residual, which rung 05's backward reads ([B, H, M] there, an empty [0] for the other rungs).
+rungs), registered per dispatch key when _native loads their libraries, and so is the autograd
+formula (ops_cpu.cpp, a C++ autograd function at the Autograd key for every device: the backward
+calls ladder::bwd, the rung's own backward kernels). This module imports nothing from the
+package but the rungs' table, so that the libraries' loader can import it first (schemas before
+kernels) without a cycle. The fake implementations give torch.compile the outputs' shapes and
+dtypes without running anything. lse_lo is LSE's rounding residual, which rung 05's backward
+reads ([B, H, M] there, an empty [0] for the other rungs).
 """
 
 from __future__ import annotations
@@ -48,23 +49,3 @@ def _bwd_fake(dout, q, k, v, out, lse, lse_lo, causal, scale, rung):
         torch.empty_like(k, memory_format=torch.contiguous_format),
         torch.empty_like(v, memory_format=torch.contiguous_format),
     )
-
-
-def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, rung = inputs
-    out, lse, lse_lo = output
-    ctx.save_for_backward(q, k, v, out, lse, lse_lo)
-    ctx.causal, ctx.scale, ctx.rung = causal, scale, rung
-    # The kernels' backward takes dO only: a loss through LSE would need dS += P o dLSE.
-    ctx.mark_non_differentiable(lse, lse_lo)
-
-
-def _backward(ctx, dout, _dlse, _dlse_lo):
-    q, k, v, out, lse, lse_lo = ctx.saved_tensors
-    dq, dk, dv = torch.ops.ladder.bwd(
-        dout, q, k, v, out, lse, lse_lo, ctx.causal, ctx.scale, ctx.rung
-    )
-    return dq, dk, dv, None, None, None
-
-
-torch.library.register_autograd("ladder::fwd", _backward, setup_context=_setup_context)
