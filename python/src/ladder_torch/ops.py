@@ -29,7 +29,7 @@ def describe(number: int) -> str:
     for dtype, dims in caps.items():
         fwd = "any d" if 0 in dims else "d " + " ".join(map(str, sorted(dims)))
         no_bwd = sorted(d for d, b in dims.items() if not b)
-        parts.append(fwd + (f" (no backward at d {no_bwd})" if no_bwd else "") + f": {_NAMES[dtype]}")
+        parts.append(f"{_NAMES[dtype]} {fwd}" + (f" (no backward at d {no_bwd})" if no_bwd else ""))
     return f"rung {number} ({row.name}, {row.device}): " + "; ".join(parts)
 
 
