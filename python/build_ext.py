@@ -3,7 +3,7 @@
 offline: `--no-build-isolation` (the torch already installed is the one to compile against, and
 setuptools comes with it) and `--no-deps`. Then prints what the installed libraries hold.
 
-    python3 python/build_ext.py          # MAX_JOBS caps the compiler jobs; LADDER_TORCH_CUDA=0 skips CUDA
+    python3 python/build_ext.py   # MAX_JOBS caps the compiler jobs; LADDER_TORCH_CUDA=0 skips CUDA
 
 Exit status: pip's, or 1 if the installed package does not import.
 """

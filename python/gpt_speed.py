@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The GPT's training-step time with each attention, and where a step spends it.
 
-    python3 python/gpt_speed.py time --contexts 256 1024 2048 --attn sdpa rung7 rung6 --csv out/gpt_speed.csv
+    python3 python/gpt_speed.py time --contexts 256 1024 2048 --attn sdpa rung7 rung6 \
+        --csv out/gpt_speed.csv
     python3 python/gpt_speed.py profile --context 256 --attn sdpa rung7 --out out/gpt_profile
 
 time: train_gpt.py's model and step (bf16 autocast, AdamW, clipping) on random tokens, the
@@ -39,10 +40,17 @@ VOCAB = 113  # the corpus's distinct characters in the committed runs; speed doe
 def commit() -> str:
     try:
         here = Path(__file__).resolve().parent
-        out = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True).stdout.strip()
+        out = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         return out + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -76,7 +84,9 @@ def make(attn: str, context: int, args):
 def counters() -> dict:
     if ladder_torch._native.why_unavailable("cuda"):
         return {}
-    return {n: int(v) for n, v in (l.split() for l in torch.ops.ladder.cuda_counters().splitlines())}
+    return {
+        n: int(v) for n, v in (l.split() for l in torch.ops.ladder.cuda_counters().splitlines())
+    }
 
 
 def time_steps(args) -> int:
@@ -90,7 +100,9 @@ def time_steps(args) -> int:
                     step()
                 marks = []
                 for _ in range(args.steps):
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                        enable_timing=True
+                    )
                     s.record()
                     step()
                     e.record()
@@ -100,17 +112,31 @@ def time_steps(args) -> int:
         base = statistics.median(times["sdpa"]) if "sdpa" in times else None
         for attn in args.attn:
             ms = statistics.median(times[attn])
-            row = dict(commit=commit(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-                       context=context, batch=steps[attn][1], attn=attn, step_ms=f"{ms:.3f}",
-                       ratio_to_sdpa=f"{ms / base:.3f}" if base else "",
-                       steps=len(times[attn]), **{k.replace(".", "_"): v for k, v in counters().items()})
+            row = dict(
+                commit=commit(),
+                gpu=torch.cuda.get_device_name(),
+                torch=torch.__version__,
+                context=context,
+                batch=steps[attn][1],
+                attn=attn,
+                step_ms=f"{ms:.3f}",
+                ratio_to_sdpa=f"{ms / base:.3f}" if base else "",
+                steps=len(times[attn]),
+                **{k.replace(".", "_"): v for k, v in counters().items()},
+            )
             rows.append(row)
-            print(f"context {context:5d} batch {row['batch']:3d} {attn:>6}: {ms:8.3f} ms"
-                  + (f"  ({ms / base:.3f}x sdpa)" if base else ""), flush=True)
+            print(
+                f"context {context:5d} batch {row['batch']:3d} {attn:>6}: {ms:8.3f} ms"
+                + (f"  ({ms / base:.3f}x sdpa)" if base else ""),
+                flush=True,
+            )
     if args.csv:
         path = Path(args.csv)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fields = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
+        fields = sorted(
+            {k for r in rows for k in r},
+            key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99,
+        )
         new = not path.exists()
         with open(path, "a", newline="") as f:
             w = csv.DictWriter(f, fieldnames=fields)
@@ -132,8 +158,11 @@ def profile(args) -> int:
         torch.cuda.synchronize()
         before = counters()
         sched = schedule(wait=0, warmup=1, active=args.steps, repeat=1)
-        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                           schedule=sched, record_shapes=True) as prof:
+        with torch_profile(
+            activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+            schedule=sched,
+            record_shapes=True,
+        ) as prof:
             for _ in range(args.steps + 1):
                 step()
                 prof.step()
@@ -141,10 +170,13 @@ def profile(args) -> int:
         after = counters()
         table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
         host = prof.key_averages().table(sort_by="cpu_time_total", row_limit=25)
-        text = (f"{attn}, context {args.context}, batch {batch}, {args.steps} steps, commit {commit()}\n"
-                f"rung-07 counters during the profile: "
-                f"{ {k: after[k] - before.get(k, 0) for k in after} }\n\n"
-                f"== by CUDA time\n{table}\n\n== by host (CPU) time\n{host}\n")
+        text = (
+            f"{attn}, context {args.context}, batch {batch}, {args.steps} steps, "
+            f"commit {commit()}\n"
+            f"rung-07 counters during the profile: "
+            f"{ {k: after[k] - before.get(k, 0) for k in after} }\n\n"
+            f"== by CUDA time\n{table}\n\n== by host (CPU) time\n{host}\n"
+        )
         (out / f"{attn}_ctx{args.context}.txt").write_text(text)
         prof.export_chrome_trace(str(out / f"{attn}_ctx{args.context}.json"))
         print(text, flush=True)

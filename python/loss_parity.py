@@ -3,7 +3,7 @@
 
     python3 python/loss_parity.py --attn rung6 rung7 --seeds 0 1 2 --steps 300 --out out/parity
     python3 python/loss_parity.py --attn rung0 --seeds 0 --steps 5 --out /tmp/p -- --device cpu \
-        --precision fp32 --batch 2 --context 16 --layers 1 --d-model 32 --heads 2   # a CPU smoke run
+        --precision fp32 --batch 2 --context 16 --layers 1 --d-model 32 --heads 2  # CPU smoke
 
 For each seed, train_gpt.py trains the same model on the same batches with SDPA, with each rung,
 and with SDPA on float64 q, k, v (sdpa-f64: the rest of the model in bf16 autocast as in every
@@ -51,8 +51,21 @@ def main() -> int:
     for seed in args.seeds:
         folder = out / f"seed{seed}"
         if not args.reuse:
-            cmd = [sys.executable, str(HERE / "train_gpt.py"), "--attn", "sdpa-f64", "sdpa",
-                   *args.attn, "--steps", str(args.steps), "--seed", str(seed), "--out", str(folder), *args.train_args]
+            cmd = [
+                sys.executable,
+                str(HERE / "train_gpt.py"),
+                "--attn",
+                "sdpa-f64",
+                "sdpa",
+                *args.attn,
+                "--steps",
+                str(args.steps),
+                "--seed",
+                str(seed),
+                "--out",
+                str(folder),
+                *args.train_args,
+            ]
             if subprocess.call(cmd):
                 return 2
         exact = losses(folder / "sdpa-f64.csv")
@@ -62,8 +75,13 @@ def main() -> int:
             row[attn] = {"mean_abs_diff": statistics.fmean(d), "max_abs_diff": max(d)}
             drift[attn].append(row[attn]["mean_abs_diff"])
         result["seeds"][seed] = row
-        print(f"seed {seed}: mean |loss - loss_f64| per step: "
-              + ", ".join(f"{a} {v['mean_abs_diff']:.5f} (max {v['max_abs_diff']:.4f})" for a, v in row.items()))
+        print(
+            f"seed {seed}: mean |loss - loss_f64| per step: "
+            + ", ".join(
+                f"{a} {v['mean_abs_diff']:.5f} (max {v['max_abs_diff']:.4f})"
+                for a, v in row.items()
+            )
+        )
     base = statistics.fmean(drift["sdpa"])
     status = 0
     for attn in args.attn:
@@ -71,8 +89,10 @@ def main() -> int:
         ok = mine <= FACTOR * base
         status |= not ok
         result["verdict"][attn] = {"mean_abs_diff": mine, "sdpa": base, "pass": ok}
-        print(f"{attn}: {mine:.5f} against SDPA's {base:.5f} (limit {FACTOR * base:.5f}): "
-              + ("PASS" if ok else "FAIL"))
+        print(
+            f"{attn}: {mine:.5f} against SDPA's {base:.5f} (limit {FACTOR * base:.5f}): "
+            + ("PASS" if ok else "FAIL")
+        )
     out.mkdir(parents=True, exist_ok=True)
     (out / "parity.json").write_text(json.dumps(result, indent=2) + "\n")
     return status

@@ -59,7 +59,9 @@ def import_torch():
 
 def rungs_table():
     """RUNGS from src/ladder_torch/rungs.py, read without importing the package."""
-    spec = importlib.util.spec_from_file_location("ladder_rungs", HERE / "src/ladder_torch/rungs.py")
+    spec = importlib.util.spec_from_file_location(
+        "ladder_rungs", HERE / "src/ladder_torch/rungs.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses looks its module up
     spec.loader.exec_module(module)

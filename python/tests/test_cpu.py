@@ -11,7 +11,6 @@ import attention_reference as ref  # noqa: E402
 
 from ladder_torch import ladder_attention  # noqa: E402
 
-
 # (batch, heads, heads_kv, seq_q, seq_k, dim, causal, scale)
 CASES = [
     (1, 1, 1, 1, 1, 8, False, None),

@@ -36,7 +36,9 @@ DEV = "cuda"
 
 
 if ladder_torch._native.why_unavailable("cuda"):
-    pytest.fail(f"a CUDA device but no CUDA library: {ladder_torch._native.why_unavailable('cuda')}")
+    pytest.fail(
+        f"a CUDA device but no CUDA library: {ladder_torch._native.why_unavailable('cuda')}"
+    )
 
 
 # (batch, heads, heads_kv, seq_q, seq_k, dim, causal, scale)
@@ -361,7 +363,9 @@ def test_one_gpt_training_step_gives_sdpas_gradients(rung):
         model = GPT(113, 256, 6, 384, 6, attn).to(DEV)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(idx[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, 113), idx[:, 1:].reshape(-1))
+        loss = torch.nn.functional.cross_entropy(
+            logits.float().view(-1, 113), idx[:, 1:].reshape(-1)
+        )
         loss.backward()
         grads[attn] = {n: p.grad.double() for n, p in model.named_parameters()}
     exact, sdpa, ours = grads["sdpa-f64"], grads["sdpa"], grads[f"rung{rung}"]

@@ -40,10 +40,15 @@ def test_import_in_a_fresh_interpreter_runs_the_operator():
 
 def test_attention_mirrors_sdpa_and_picks_rung0_on_the_cpu():
     q, k, v, do = ref.inputs(2, 4, 2, 9, 9, 16, torch.float64, "cpu")
-    ours = ref.forward_backward(lambda q, k, v: ladder_torch.attention(q, k, v, is_causal=True), q, k, v, do)
+    ours = ref.forward_backward(
+        lambda q, k, v: ladder_torch.attention(q, k, v, is_causal=True), q, k, v, do
+    )
     theirs = ref.forward_backward(
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
-        q, k, v, do,
+        q,
+        k,
+        v,
+        do,
     )
     for a, e in zip(ours, theirs):
         assert ref.max_err(a, e) <= 1e-12
@@ -80,7 +85,9 @@ def test_is_causal_with_different_lengths_is_refused_not_silently_different():
 def test_cuda_rungs_say_why_they_are_missing_or_what_they_take():
     for n in (5, 6, 7):
         text = ladder_torch.describe(n)
-        assert text.startswith(f"rung {n} (") and ("not available" in text or "bfloat16" in text or "float32" in text)
+        assert text.startswith(f"rung {n} (") and (
+            "not available" in text or "bfloat16" in text or "float32" in text
+        )
 
 
 def test_views_of_a_fused_projection_give_the_dense_result():
@@ -197,10 +204,31 @@ def test_training_in_float64_follows_sdpa_step_by_step(seed):
 def test_gpt_smoke_run_on_the_cpu(tmp_path):
     env = dict(os.environ)
     cmd = [
-        sys.executable, str(PYTHON_DIR / "train_gpt.py"), "--device", "cpu", "--precision", "fp32",
-        "--attn", "sdpa", "rung0", "--steps", "3", "--batch", "2", "--context", "16",
-        "--layers", "1", "--d-model", "32", "--heads", "2", "--eval-batches", "1",
-        "--out", str(tmp_path),
+        sys.executable,
+        str(PYTHON_DIR / "train_gpt.py"),
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+        "--attn",
+        "sdpa",
+        "rung0",
+        "--steps",
+        "3",
+        "--batch",
+        "2",
+        "--context",
+        "16",
+        "--layers",
+        "1",
+        "--d-model",
+        "32",
+        "--heads",
+        "2",
+        "--eval-batches",
+        "1",
+        "--out",
+        str(tmp_path),
     ]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stdout + run.stderr

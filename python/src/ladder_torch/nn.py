@@ -23,7 +23,10 @@ class ScaledDotProductAttention(torch.nn.Module):
         return attention(q, k, v, dropout_p=p, causal=self.causal, scale=self.scale, rung=self.rung)
 
     def extra_repr(self) -> str:
-        return f"causal={self.causal}, scale={self.scale}, dropout_p={self.dropout_p}, rung={self.rung}"
+        return (
+            f"causal={self.causal}, scale={self.scale}, dropout_p={self.dropout_p}, "
+            f"rung={self.rung}"
+        )
 
 
 class CausalSelfAttention(torch.nn.Module):

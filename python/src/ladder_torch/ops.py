@@ -67,7 +67,9 @@ def _check(q, k, v, row: Rung, scale, causal, backward: bool) -> None:
                 f"got shape {tuple(t.shape)}"
             )
     if not (q.device == k.device == v.device):
-        raise ValueError(f"ladder: q, k, v on different devices: {q.device}, {k.device}, {v.device}")
+        raise ValueError(
+            f"ladder: q, k, v on different devices: {q.device}, {k.device}, {v.device}"
+        )
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"ladder: q, k, v of different dtypes: {q.dtype}, {k.dtype}, {v.dtype}")
     if q.device.type != row.device:
@@ -82,7 +84,9 @@ def _check(q, k, v, row: Rung, scale, causal, backward: bool) -> None:
         raise TypeError(f"ladder: {describe(row.number)}; got {q.dtype}")
     b, h, _, d = q.shape
     if d < 1:
-        raise ValueError(f"ladder: the head dim must be at least 1, got q of shape {tuple(q.shape)}")
+        raise ValueError(
+            f"ladder: the head dim must be at least 1, got q of shape {tuple(q.shape)}"
+        )
     if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d:
         raise ValueError(
             "ladder: k and v must be [batch, heads_kv, seq_k, dim] with q's batch and dim; "
