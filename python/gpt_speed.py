@@ -133,10 +133,7 @@ def time_steps(args) -> int:
     if args.csv:
         path = Path(args.csv)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fields = sorted(
-            {k for r in rows for k in r},
-            key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99,
-        )
+        fields = list(rows[0])  # every row has the same columns (the counters' too)
         new = not path.exists()
         with open(path, "a", newline="") as f:
             w = csv.DictWriter(f, fieldnames=fields)
