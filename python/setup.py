@@ -90,6 +90,10 @@ LD_FLAGS = [f"-Wl,--version-script={CSRC / 'exports.map'}"]
 def extensions(torch):
     from torch.utils import cpp_extension
 
+    # PyTorch's headers as system headers: setuptools passes them with -I, where -Wextra warns
+    # about their unused parameters; a directory given with -isystem too is searched as a system
+    # one (GCC ignores the -I), so the warnings that remain are this project's.
+    system = [f for p in cpp_extension.include_paths() for f in ("-isystem", p)]
     ext = [
         cpp_extension.CppExtension(
             "ladder_torch._ladder_cpu",
@@ -100,7 +104,7 @@ def extensions(torch):
                 rel(REPO / "common" / "dtype.cpp"),
             ],
             include_dirs=[str(REPO / "common"), str(REPO / "reference"), eigen_include()],
-            extra_compile_args=CXX_FLAGS,
+            extra_compile_args=CXX_FLAGS + system,
             extra_link_args=LD_FLAGS,
         )
     ]
@@ -128,7 +132,7 @@ def extensions(torch):
             sources=sources,
             include_dirs=includes,
             extra_compile_args={
-                "cxx": CXX_FLAGS,
+                "cxx": CXX_FLAGS + system,
                 "nvcc": [
                     "-O3",
                     "--expt-relaxed-constexpr",
