@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import statistics
 import subprocess
 import sys
@@ -38,18 +39,18 @@ VOCAB = 113  # the corpus's distinct characters in the committed runs; speed doe
 
 
 def commit() -> str:
+    """The commit the rows are stamped with: $LADDER_COMMIT (as tools/gpu_check.sh sets it), else
+    git's, else "unknown"."""
+    if os.environ.get("LADDER_COMMIT", "").strip():
+        return os.environ["LADDER_COMMIT"].strip()
     try:
         here = Path(__file__).resolve().parent
+        git = ["git", "-C", str(here)]
         out = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
+            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
+            [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
         ).stdout.strip()
         return out + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
