@@ -11,7 +11,8 @@ run, only the attention exact). All bf16 runs drift away from the float64-attent
 rounding of their attention (P rounded to bf16 before PV, orders of summation), and the drift
 grows as training amplifies it. The criterion compares like with like, step by step on the same
 batch: a rung's mean |loss - loss_f64| over the steps, averaged over the seeds, may be at most
-2x SDPA's (the ladder harness's factor for a rung against a plain computation in its precision).
+2x SDPA's (the ladder harness's factor for a rung against a plain computation in its precision),
+plus 1e-5 (the CSVs' resolution).
 A wrong gradient, even a small one, adds a systematic drift on top of the rounding noise.
 
 Prints a table per seed and the verdict; writes DIR/parity.json; exit status 1 if a rung fails.
@@ -29,6 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 FACTOR = 2.0
+FLOOR = 1e-5  # ten units of the last digit train_gpt.py writes a loss with
 
 
 def losses(path: Path) -> list[float]:
@@ -86,11 +88,11 @@ def main() -> int:
     status = 0
     for attn in args.attn:
         mine = statistics.fmean(drift[attn])
-        ok = mine <= FACTOR * base
+        ok = mine <= FACTOR * base + FLOOR
         status |= not ok
         result["verdict"][attn] = {"mean_abs_diff": mine, "sdpa": base, "pass": ok}
         print(
-            f"{attn}: {mine:.5f} against SDPA's {base:.5f} (limit {FACTOR * base:.5f}): "
+            f"{attn}: {mine:.5f} against SDPA's {base:.5f} (limit {FACTOR * base + FLOOR:.5f}): "
             + ("PASS" if ok else "FAIL")
         )
     out.mkdir(parents=True, exist_ok=True)
