@@ -1,7 +1,8 @@
 """The GPU rungs (05: float32; 06 and 07: bfloat16/float16) through the operator, against
 SDPA: forward, LSE and gradients on odd shapes, the operator's registration (opcheck), layouts,
-streams, rung 07's cached plans, errors, and torch.compile of a module that uses it. Needs an
-sm_90 GPU (H100/H200).
+streams, rung 07's cached plans, errors, torch.compile of a module that uses it, autocast, CUDA
+graphs, and one GPT training step's gradients. Needs an sm_90 GPU (H100/H200) and the CUDA
+library (pip install ./python where nvcc is found).
 
 Tolerance, as the ladder's own harness: against SDPA in float64 on the same (rounded) inputs,
 a rung's error may be at most 2x (3x for gradients) the error of SDPA itself computed in the
