@@ -50,8 +50,9 @@ def _why_missing(kind: str) -> str:
             f"({HERE}); install the package with `pip install ./python` from the repository"
         )
     return (
-        "ladder: the CUDA library (rungs 5, 6, 7) is not in this installation: it is built "
-        "only where PyTorch has CUDA and nvcc is found when `pip install ./python` runs"
+        "ladder: the CUDA library (rungs 5, 6, 7) is not in this installation: `pip install "
+        "./python` builds it where PyTorch has CUDA and nvcc is found (and LADDER_TORCH_CUDA is "
+        "not 0)"
     )
 
 
