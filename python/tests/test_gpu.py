@@ -329,7 +329,7 @@ def test_torch_compile_reduce_overhead_runs_in_cuda_graphs(rung):
     model = Block(rung=rung).to(DEV, torch.bfloat16)
     compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
     for i in range(4):  # warm-up, recording, then replays
-        x = torch.randn(2, 256, 256, device=DEV, dtype=torch.bfloat16, generator=None)
+        x = torch.randn(2, 256, 256, device=DEV, dtype=torch.bfloat16)
         x.requires_grad_(True)
         y = compiled(x)
         (g,) = torch.autograd.grad(y.float().square().sum(), x)
