@@ -159,12 +159,13 @@ def test_runs_on_the_current_stream(rung):
 
 
 def test_rung7_cached_plans_follow_the_data_not_the_first_call():
-    """Rung 07 caches its plans (TMA tensor maps) by pointers and shapes: a second call on the
-    same buffers with new contents, and a call on new buffers, must both compute afresh."""
+    """Rung 07 caches a plan (TMA tensor maps) per shape and points it at each call's buffers: a
+    second call on the same buffers with new contents, and a call on new buffers, must both
+    compute afresh."""
     q, k, v, do = ref.inputs(2, 4, 2, 300, 300, 64, torch.bfloat16, DEV, requires_grad=False)
     first = ladder_attention(q, k, v, causal=True, rung=7)
     q2, k2, v2 = (t.clone() for t in (q, k, v))
-    want = ladder_attention(q2, k2, v2, causal=True, rung=7)  # new buffers: a new plan
+    want = ladder_attention(q2, k2, v2, causal=True, rung=7)  # new buffers: the plan re-pointed
     assert torch.equal(want, first)
     with torch.no_grad():  # same buffers, new contents: the cached plan, the new data
         for t in (q, k, v):
