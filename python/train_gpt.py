@@ -32,9 +32,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus import build_corpus  # noqa: E402
-from ladder_torch import RUNGS, ladder_attention, load  # noqa: E402
+import ladder_torch  # the installed package (pip install ./python)
+from corpus import build_corpus  # beside this script
+from ladder_torch import RUNGS, ladder_attention
 
 WARMUP_STEPS_EXCLUDED = 10  # from the step-time statistics: allocator, cuBLAS and cache warm-up
 FINAL_WINDOW = 20  # training steps averaged into the final training loss
@@ -44,7 +44,9 @@ class Attention(nn.Module):
     def __init__(self, d_model: int, heads: int, attn: str):
         super().__init__()
         self.heads, self.attn = heads, attn
-        self.rung = None if attn == "sdpa" else int(attn.removeprefix("rung"))
+        # sdpa-f64: SDPA on q, k, v upcast to float64 (the output cast back): the rest of the
+        # model as in the other runs, its attention exact; the tests' gradient yardstick.
+        self.rung = None if attn.startswith("sdpa") else int(attn.removeprefix("rung"))
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
 
@@ -54,7 +56,10 @@ class Attention(nn.Module):
         # [B, H, T, d] slices, the layout both take without further copies.
         qkv = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.contiguous().unbind(0)
-        if self.rung is None:
+        if self.attn == "sdpa-f64":
+            y = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+            y = y.to(q.dtype)
+        elif self.rung is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             y = ladder_attention(q, k, v, causal=True, rung=self.rung)
@@ -148,7 +153,7 @@ def batch(data: torch.Tensor, offsets: torch.Tensor, context: int):
 
 
 def check_attn(attn: str, precision: str, device: str) -> None:
-    if attn == "sdpa":
+    if attn in ("sdpa", "sdpa-f64"):
         return
     if not attn.startswith("rung") or not attn[4:].isdigit():
         raise SystemExit(f"--attn {attn}: expected sdpa or rungN (e.g. rung6)")
@@ -157,8 +162,8 @@ def check_attn(attn: str, precision: str, device: str) -> None:
         here = ", ".join(f"rung{r.number}" for r in RUNGS.values() if r.device == device)
         raise SystemExit(f"--attn {attn}: not among the rungs that run on {device} ({here})")
     want = torch.bfloat16 if precision == "bf16" else torch.float32
-    if want not in RUNGS[n].dtypes:
-        raise SystemExit(f"--attn {attn} does not take {want}: {RUNGS[n].describe()}")
+    if want not in ladder_torch._native.capabilities(n):
+        raise SystemExit(f"--attn {attn} does not take {want}: {ladder_torch.describe(n)}")
 
 
 def train(attn: str, args, text: str, device: torch.device) -> dict:
@@ -306,8 +311,6 @@ def main() -> int:
         f"d_model {args.d_model}, {args.heads} heads, context {args.context}, batch {args.batch}"
     )
     device = torch.device(args.device)
-    if any(a != "sdpa" for a in args.attn):
-        load(args.device)  # build (or find built) the rungs' extension before any clock starts
     for attn in args.attn:
         train(attn, args, text, device)
     return 0

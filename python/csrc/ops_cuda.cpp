@@ -32,6 +32,48 @@ std::vector<RungKernels>& registry() {
   return r;
 }
 
+std::vector<std::pair<std::string, const std::atomic<int64_t>*>>& counters() {
+  static std::vector<std::pair<std::string, const std::atomic<int64_t>*>> c;
+  return c;
+}
+
+const char* torch_dtype_name(DType t) {
+  switch (t) {
+    case DType::f32:
+      return "float32";
+    case DType::f16:
+      return "float16";
+    case DType::bf16:
+      return "bfloat16";
+    default:
+      return "other";
+  }
+}
+
+}  // namespace
+
+void register_counter(const char* name, const std::atomic<int64_t>* value) {
+  counters().emplace_back(name, value);
+}
+
+namespace {
+
+// One line per compiled instantiation, "rung dtype dim backward lse_lo" (e.g. "7 bfloat16 64 1
+// 0"): what ladder_torch checks calls against, so that Python holds no copy of the list.
+std::string capabilities() {
+  std::ostringstream s;
+  for (const RungKernels& k : registry())
+    s << k.rung << " " << torch_dtype_name(k.dtype) << " " << k.dim << " "
+      << (k.backward != nullptr) << " " << k.lse_lo << "\n";
+  return s.str();
+}
+
+std::string counter_values() {
+  std::ostringstream s;
+  for (const auto& [name, value] : counters()) s << name << " " << value->load() << "\n";
+  return s.str();
+}
+
 }  // namespace
 
 void register_kernels(const RungKernels& k) {
@@ -261,4 +303,6 @@ TORCH_LIBRARY_IMPL(ladder, CUDA, m) {
 // Which (rung, dtype, head dim) instantiations this build has, for messages and the tests.
 TORCH_LIBRARY_FRAGMENT(ladder, m) {
   m.def("cuda_kernels() -> str", &ladder_torch::built_kernels);
+  m.def("cuda_capabilities() -> str", &ladder_torch::capabilities);
+  m.def("cuda_counters() -> str", &ladder_torch::counter_values);
 }

@@ -4,17 +4,22 @@
 // stream. Host code only (the kernels are the step's .cu files, compiled into the same
 // library), so g++ compiles this file.
 //
-// A plan holds the TMA tensor maps, which encode the tensors' addresses and shapes, so a new
-// pointer needs a new plan. Making one is host work (tensor-map encoding, device queries), and
-// for the persistent kernels also a memset of the work counter and a device-wide
-// synchronisation. The plans are therefore cached, keyed by everything they are made from
-// (device, every pointer, every extent, dtype, scale, causal, the counter): a hit is the plan
-// make_plan would return again, whatever memory was freed and reused in between. In a training
-// loop PyTorch's caching allocator hands out the same addresses step after step, so after the
-// first step every call is a hit and nothing synchronises.
+// A plan holds the TMA tensor maps, which encode the tensors' addresses and shapes. Making one
+// is host work (cudaGetDeviceProperties, tensor-map encoding, kernel attributes) and, for the
+// persistent kernels, a memset of the work counter and a device-wide synchronisation: far too
+// much for every call, and impossible during a CUDA graph capture. So the adaptor makes one
+// plan per *shape* (device, extents, dtype, scale, causal, direction) and, for each call, copies
+// it and points it at the call's buffers: the pointers in its parameters, and the address field
+// of each tensor map by the driver's cuTensorMapReplaceAddress (a host-side edit of the 128-byte
+// map; shape, strides and box stay what make_plan encoded). The maps' order is the header's:
+// forward Q, K, V; backward Q, K, V, dO, dQ_acc. A call needs no synchronisation once its shape
+// has been seen, whatever its addresses, so a training loop or a graph capture whose buffers
+// move never stalls; only a shape seen first during a capture raises (run it once before).
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -37,13 +42,11 @@ namespace fa3 = ladder::fa3;
 constexpr fa3::Variant kVariant = fa3::Variant::three_consumers;
 constexpr fa3::BwdVariant kBwdVariant = fa3::BwdVariant::tma_reduce;
 
-// Enough for a model's layers, forward and backward, with its evaluation pass: every call of a
-// training step hits once the allocator's addresses repeat.
-constexpr size_t kCachedPlans = 64;
-
-uint64_t word(const void* p) {
-  return uint64_t(reinterpret_cast<uintptr_t>(p));
-}
+// What the plans cost, for the profiling script (torch.ops.ladder.cuda_counters): plans made by
+// make_plan / make_bwd_plan (each a device query, and for the forward a synchronisation), and
+// calls (each a copy of a cached plan, re-pointed where its addresses differ).
+std::atomic<int64_t> g_made{0}, g_calls{0};
+const CounterRegistrar kCounters{{"rung7.plans_made", &g_made}, {"rung7.calls", &g_calls}};
 
 uint64_t word(float x) {
   uint32_t bits = 0;
@@ -51,83 +54,114 @@ uint64_t word(float x) {
   return bits;
 }
 
-// The plans made for the last kCachedPlans keys; the least recently used one goes first.
+void check_cu(CUresult r, const char* what) {
+  if (r != CUDA_SUCCESS)
+    throw std::runtime_error(std::string(what) + " failed with CUresult " + std::to_string(int(r)));
+}
+
+// The driver's cuTensorMapReplaceAddress, found through the runtime as step 07 finds
+// cuTensorMapEncodeTiled (no -lcuda at link time).
+using ReplaceAddress = CUresult (*)(CUtensorMap*, void*);
+ReplaceAddress replace_address() {
+  static const ReplaceAddress fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapReplaceAddress", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || f == nullptr)
+      throw std::runtime_error("the driver has no cuTensorMapReplaceAddress");
+    return reinterpret_cast<ReplaceAddress>(f);
+  }();
+  return fn;
+}
+
+void repoint(unsigned char (&map)[128], const void* address) {
+  check_cu(replace_address()(reinterpret_cast<CUtensorMap*>(map), const_cast<void*>(address)),
+           "cuTensorMapReplaceAddress");
+}
+
+// One plan per key, made once (without the lock held, so that make_plan's synchronisation never
+// waits on another thread); a model has a handful of shapes, so the map stays small.
 template <class Key, class Plan>
 class PlanCache {
  public:
-  // The plan for `key`: the cached one, or make() (called without the lock held, so that a
-  // plan's device synchronisation never waits on another thread).
   template <class Make>
   Plan get(const Key& key, Make&& make) {
     {
       const std::lock_guard<std::mutex> lock(mutex_);
-      auto it = entries_.find(key);
-      if (it != entries_.end()) {
-        it->second.used = ++clock_;
-        return it->second.plan;
-      }
+      auto it = plans_.find(key);
+      if (it != plans_.end()) return it->second;
     }
     Plan plan = make();
+    g_made.fetch_add(1, std::memory_order_relaxed);
     const std::lock_guard<std::mutex> lock(mutex_);
-    if (entries_.size() >= kCachedPlans) {
-      auto oldest = entries_.begin();
-      for (auto it = entries_.begin(); it != entries_.end(); ++it)
-        if (it->second.used < oldest->second.used) oldest = it;
-      entries_.erase(oldest);
-    }
-    entries_[key] = Entry{plan, ++clock_};
-    return plan;
+    return plans_.emplace(key, plan).first->second;
   }
 
  private:
-  struct Entry {
-    Plan plan;
-    uint64_t used;
-  };
   std::mutex mutex_;
-  std::map<Key, Entry> entries_;
-  uint64_t clock_ = 0;
+  std::map<Key, Plan> plans_;
 };
+
+// Whether `stream` is being captured into a CUDA graph.
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaError_t e = cudaStreamIsCapturing(stream, &capture); e != cudaSuccess)
+    throw std::runtime_error(std::string("cudaStreamIsCapturing: ") + cudaGetErrorString(e));
+  return capture != cudaStreamCaptureStatusNone;
+}
 
 // The persistent kernels' work counter: 4 bytes of device memory that every launch leaves at
 // zero. Launches that share one must not overlap, so there is one per (device, stream), kept
-// for the life of the process (a stream's launches run one after another).
+// for the life of the process (a stream's launches run one after another). A new counter is
+// zeroed on its own stream, before the launch that will use it (captured into the graph when
+// the stream is capturing); its allocation is made in relaxed capture mode, as PyTorch's
+// allocator makes its own.
 unsigned int* tile_counter(int dev, cudaStream_t stream) {
   static std::mutex mutex;
   static std::map<std::pair<int, uintptr_t>, unsigned int*> counters;
   const std::lock_guard<std::mutex> lock(mutex);
   unsigned int*& c = counters[{dev, reinterpret_cast<uintptr_t>(stream)}];
   if (c == nullptr) {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
     void* p = nullptr;
-    if (cudaError_t e = cudaMalloc(&p, sizeof(unsigned int)); e != cudaSuccess)
+    const cudaError_t e = cudaMalloc(&p, sizeof(unsigned int));
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    if (e != cudaSuccess)
       throw std::runtime_error(std::string("cudaMalloc of the tile counter: ") +
                                cudaGetErrorString(e));
-    c = static_cast<unsigned int*>(p);  // make_plan zeroes it
+    if (cudaError_t z = cudaMemsetAsync(p, 0, sizeof(unsigned int), stream); z != cudaSuccess)
+      throw std::runtime_error(std::string("zeroing the tile counter: ") + cudaGetErrorString(z));
+    c = static_cast<unsigned int*>(p);
   }
   return c;
 }
 
-// Before a plan is made on `stream`: no launch that uses the stream's counter may still run
-// (make_plan zeroes the counter with a memset that does not wait for a non-blocking stream),
-// and no capture may be under way (make_plan synchronises the device).
+// Before make_plan on `stream`: no capture may be under way (make_plan synchronises the device),
+// and no launch that uses the counter may still run (make_plan zeroes it with a memset that
+// does not wait for a non-blocking stream).
 void ready_to_plan(cudaStream_t stream) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaError_t e = cudaStreamIsCapturing(stream, &capture); e != cudaSuccess)
-    throw std::runtime_error(std::string("cudaStreamIsCapturing: ") + cudaGetErrorString(e));
-  if (capture != cudaStreamCaptureStatusNone)
+  if (capturing(stream))
     throw std::runtime_error(
-        "a new shape or new buffers while a CUDA graph is being captured: making rung 7's plan "
-        "synchronises the device. Run the same calls once before capturing (their plans are "
-        "cached)");
+        "a new shape while a CUDA graph is being captured: making rung 7's plan synchronises "
+        "the device. Run the same shapes once before capturing (their plans are cached)");
   if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess)
     throw std::runtime_error(std::string("cudaStreamSynchronize: ") + cudaGetErrorString(e));
 }
 
-using FwdKey = std::array<uint64_t, 16>;
-using BwdKey = std::array<uint64_t, 23>;
+// The shape part of a plan: everything but the addresses.
+using ShapeKey = std::array<uint64_t, 11>;
+
+ShapeKey shape_key(int dev, int batch, int heads, int heads_kv, int seq_q, int seq_k, int dim,
+                   bool bf16, float scale, bool causal, bool negate_dq) {
+  return {uint64_t(dev),         uint64_t(batch),  uint64_t(heads),    uint64_t(heads_kv),
+          uint64_t(seq_q),       uint64_t(seq_k),  uint64_t(dim),      uint64_t(bf16),
+          uint64_t(word(scale)), uint64_t(causal), uint64_t(negate_dq)};
+}
 
 cudaError_t forward(const FwdArgs& a, cudaStream_t stream, bool bf16) {
-  static PlanCache<FwdKey, fa3::FwdPlan> cache;
+  static PlanCache<ShapeKey, fa3::FwdPlan> cache;
   int dev = 0;
   if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
   fa3::FwdParams f;  // dropout and block masks stay off (their defaults)
@@ -138,32 +172,25 @@ cudaError_t forward(const FwdArgs& a, cudaStream_t stream, bool bf16) {
   f.scale = a.scale;  // > 0: the caller negated Q for a negative scale (positive_scale below)
   f.causal = a.causal;
   f.tile_counter = tile_counter(dev, stream);
-  const FwdKey key{uint64_t(dev),
-                   word(f.q),
-                   word(f.k),
-                   word(f.v),
-                   word(f.o),
-                   word(f.lse),
-                   word(f.tile_counter),
-                   uint64_t(f.batch),
-                   uint64_t(f.heads),
-                   uint64_t(f.heads_kv),
-                   uint64_t(f.seq_q),
-                   uint64_t(f.seq_k),
-                   uint64_t(f.dim),
-                   uint64_t(f.bf16),
-                   word(f.scale),
-                   uint64_t(f.causal)};
-  const fa3::FwdPlan plan = cache.get(key, [&] {
+  const ShapeKey key = shape_key(dev, f.batch, f.heads, f.heads_kv, f.seq_q, f.seq_k, f.dim, f.bf16,
+                                 f.scale, f.causal, false);
+  fa3::FwdPlan plan = cache.get(key, [&] {
     ready_to_plan(stream);
     return fa3::make_plan(f, kVariant);
   });
+  if (plan.params.q != f.q || plan.params.k != f.k || plan.params.v != f.v) {
+    repoint(plan.tensor_maps[0], f.q);
+    repoint(plan.tensor_maps[1], f.k);
+    repoint(plan.tensor_maps[2], f.v);
+  }
+  g_calls.fetch_add(1, std::memory_order_relaxed);
+  plan.params = f;            // the call's buffers and counter; the shape is the key's
   fa3::launch(plan, stream);  // throws on a refused launch
   return cudaSuccess;
 }
 
 cudaError_t backward(const BwdArgs& a, cudaStream_t stream, bool bf16) {
-  static PlanCache<BwdKey, fa3::BwdPlan> cache;
+  static PlanCache<ShapeKey, fa3::BwdPlan> cache;
   int dev = 0;
   if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
   fa3::BwdParams b;
@@ -176,36 +203,26 @@ cudaError_t backward(const BwdArgs& a, cudaStream_t stream, bool bf16) {
   b.scale = a.scale;  // the forward's (positive, with the Q it was given)
   b.causal = a.causal;
   b.negate_dq = a.scale_dq < 0;  // Q arrives negated: dQ for the caller's Q is the negation
-  const BwdKey key{uint64_t(dev),
-                   word(b.q),
-                   word(b.k),
-                   word(b.v),
-                   word(b.o),
-                   word(b.dout),
-                   word(b.lse),
-                   word(b.dq),
-                   word(b.dk),
-                   word(b.dv),
-                   word(b.dq_acc),
-                   word(b.lse2),
-                   word(b.dsum),
-                   uint64_t(b.batch),
-                   uint64_t(b.heads),
-                   uint64_t(b.heads_kv),
-                   uint64_t(b.seq_q),
-                   uint64_t(b.seq_k),
-                   uint64_t(b.dim),
-                   uint64_t(b.bf16),
-                   word(b.scale),
-                   uint64_t(b.causal),
-                   uint64_t(b.negate_dq)};
-  const fa3::BwdPlan plan = cache.get(key, [&] {
+  const ShapeKey key = shape_key(dev, b.batch, b.heads, b.heads_kv, b.seq_q, b.seq_k, b.dim, b.bf16,
+                                 b.scale, b.causal, b.negate_dq);
+  fa3::BwdPlan plan = cache.get(key, [&] {
     // The caller sized lse2 and dsum by bwd_row_pad (below); the step says what it reads.
     const int rows = (b.seq_q + fa3::kBwdRowPad - 1) / fa3::kBwdRowPad * fa3::kBwdRowPad;
     if (fa3::bwd_workspace(b).rows_padded != rows)
       throw std::logic_error("the backward's padded rows differ from the workspace's");
+    if (capturing(stream))
+      throw std::runtime_error(
+          "a new shape while a CUDA graph is being captured: run the same shapes once before "
+          "capturing (rung 7's plans are cached)");
     return fa3::make_bwd_plan(b, kBwdVariant);  // no synchronisation: no counter
   });
+  const void* const addresses[5] = {b.q, b.k, b.v, b.dout, b.dq_acc};
+  const void* const planned[5] = {plan.params.q, plan.params.k, plan.params.v, plan.params.dout,
+                                  plan.params.dq_acc};
+  for (int i = 0; i < 5; ++i)
+    if (addresses[i] != planned[i]) repoint(plan.tensor_maps[i], addresses[i]);
+  g_calls.fetch_add(1, std::memory_order_relaxed);
+  plan.params = b;
   fa3::launch_bwd(plan, stream);  // pre-pass, main kernel, post-pass; throws on a refused launch
   return cudaSuccess;
 }

@@ -7,8 +7,10 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "dtype.hpp"
 
@@ -79,6 +81,16 @@ std::string built_kernels();  // e.g. "rung 6: bf16 d=32 64 96 128; fp16 d=32 64
 struct Registrar {
   Registrar(std::initializer_list<RungKernels> ks) {
     for (const RungKernels& k : ks) register_kernels(k);
+  }
+};
+
+// Named event counters an adaptor keeps (e.g. rung 07's plans made and calls), read by
+// torch.ops.ladder.cuda_counters() for the profiling script. Registered like the kernels.
+void register_counter(const char* name, const std::atomic<int64_t>* value);
+
+struct CounterRegistrar {
+  CounterRegistrar(std::initializer_list<std::pair<const char*, const std::atomic<int64_t>*>> cs) {
+    for (const auto& [name, value] : cs) register_counter(name, value);
   }
 };
 

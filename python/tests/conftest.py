@@ -1,9 +1,5 @@
-"""pytest setup: ladder_torch importable from python/, and a header line that says what runs."""
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+"""pytest setup: a header line that says which ladder_torch runs and what it holds. The tests
+import the installed package (`pip install ./python`), not the source folder."""
 
 
 def pytest_report_header(config):
@@ -11,7 +7,15 @@ def pytest_report_header(config):
         import torch
     except ImportError:
         return "ladder_torch: PyTorch is not installed: every test is skipped"
+    try:
+        import ladder_torch
+    except ImportError as e:
+        return f"ladder_torch: not importable ({e}): install it with pip install ./python"
+    where = f"ladder_torch from {ladder_torch.__file__}"
+    rungs = "\n  ".join(ladder_torch.available_rungs())
     if not torch.cuda.is_available():
-        return f"ladder_torch: torch {torch.__version__}, no CUDA device: GPU tests are skipped"
-    name = torch.cuda.get_device_name()
-    return f"ladder_torch: torch {torch.__version__} (CUDA {torch.version.cuda}), {name}"
+        device = f"torch {torch.__version__}, no CUDA device: GPU tests are skipped"
+    else:
+        name = torch.cuda.get_device_name()
+        device = f"torch {torch.__version__} (CUDA {torch.version.cuda}), {name}"
+    return f"{where}\n{device}\n  {rungs}"

@@ -1,26 +1,36 @@
-"""The CUDA extension builds (nvcc, no GPU needed) and holds exactly the instantiations that
-the rungs' table in ladder_torch/rungs.py promises."""
+"""The CUDA library, where it was built (PyTorch with CUDA and nvcc at install time; no GPU
+needed): it holds every GPU rung of the table, each instantiation with its backward, and its
+two listings (the text for messages, the rows the checks read) agree."""
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
-from torch.utils import cpp_extension  # noqa: E402
-
-from ladder_torch import RUNGS, load  # noqa: E402
+import ladder_torch  # noqa: E402
+from ladder_torch import RUNGS, _native  # noqa: E402
 
 NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
-@pytest.mark.skipif(torch.version.cuda is None, reason="this PyTorch is built without CUDA")
-@pytest.mark.skipif(cpp_extension.CUDA_HOME is None, reason="no CUDA toolkit (nvcc) found")
-def test_cuda_extension_holds_what_the_table_says():
-    load("cuda")
+@pytest.mark.skipif(
+    _native.why_unavailable("cuda") is not None,
+    reason=f"the CUDA library is not installed: {_native.why_unavailable('cuda')}",
+)
+def test_cuda_library_holds_every_gpu_rung_and_its_listings_agree():
     listing = torch.ops.ladder.cuda_kernels()
     for row in RUNGS.values():
         if row.device != "cuda":
             continue
+        caps = _native.capabilities(row.number)
+        assert caps, f"rung {row.number} missing from the CUDA library: {listing}"
         line = next((x for x in listing.splitlines() if x.startswith(f"rung {row.number}:")), "")
-        for dtype in row.dtypes:
-            entry = f"{NAMES[dtype]}{'' if row.backward_dims else ' (forward only)'} d="
-            assert entry + " ".join(map(str, row.dims)) in line, (row.number, dtype, listing)
+        for dtype, dims in caps.items():
+            assert all(dims.values()), f"rung {row.number} {dtype}: a dim without backward"
+            assert f"{NAMES[dtype]} d=" + " ".join(map(str, sorted(dims))) in line, listing
+        assert "not available" not in ladder_torch.describe(row.number)
+
+
+def test_the_cpu_library_holds_rung0_for_any_head_dim():
+    caps = _native.capabilities(0)
+    assert set(caps) == {torch.float64, torch.float32}
+    assert all(dims == {0: True} for dims in caps.values())

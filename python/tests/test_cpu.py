@@ -9,13 +9,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
 import attention_reference as ref  # noqa: E402
 
-from ladder_torch import ladder_attention, load  # noqa: E402
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _cpu_extension():
-    load("cpu")  # built once; the tests that call torch.ops.ladder.* directly need it loaded
-
+from ladder_torch import ladder_attention  # noqa: E402
 
 # (batch, heads, heads_kv, seq_q, seq_k, dim, causal, scale)
 CASES = [

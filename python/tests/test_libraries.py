@@ -1,29 +1,24 @@
 """The two libraries (cpu: rung 0 with Eigen; cuda: the GPU rungs) in one process, in either
-order, as a test session or a script that uses both loads them: each registers its kernels, the
-CPU operator still computes, and the process exits cleanly. And neither library exports a
-symbol: PyTorch loads them with RTLD_GLOBAL, where an exported definition takes the place of the
-same name in every library loaded after it. Needs nvcc and a C++ compiler, not a GPU."""
+order: each registers its kernels, the CPU operator still computes, and the process exits
+cleanly. And neither library exports a symbol: PyTorch loads them with RTLD_GLOBAL, where an
+exported definition takes the place of the same name in every library loaded after it. Needs the
+CUDA library installed (built where nvcc was found), not a GPU."""
 
 import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
-from torch.utils import cpp_extension  # noqa: E402
+from ladder_torch import _native  # noqa: E402
 
-from ladder_torch import build  # noqa: E402
-
-PYTHON_DIR = Path(__file__).resolve().parents[1]
-
-pytestmark = [
-    pytest.mark.skipif(torch.version.cuda is None, reason="this PyTorch is built without CUDA"),
-    pytest.mark.skipif(cpp_extension.CUDA_HOME is None, reason="no CUDA toolkit (nvcc) found"),
-]
+pytestmark = pytest.mark.skipif(
+    _native.why_unavailable("cuda") is not None,
+    reason=f"the CUDA library is not installed: {_native.why_unavailable('cuda')}",
+)
 
 # Loads the libraries in the order given, then checks what each registered. Run in a fresh
 # interpreter per order, so that the order is the real one and a crash at exit shows too.
@@ -31,9 +26,10 @@ SCRIPT = """
 import faulthandler, sys
 faulthandler.enable()
 import torch
-from ladder_torch import build
+from ladder_torch import _native  # LADDER_TORCH_NO_AUTOLOAD=1: nothing loaded yet
+assert not _native._loaded
 for kind in sys.argv[1:]:
-    build.load(kind)
+    _native.load(kind)
     print("loaded", kind, flush=True)
 print(torch.ops.ladder.cuda_kernels().replace("\\n", "; "), flush=True)
 q = torch.linspace(-1, 1, 2 * 3 * 5 * 8, dtype=torch.float64).view(2, 3, 5, 8)
@@ -48,21 +44,16 @@ print("ok", flush=True)
 """
 
 
-def _library(kind: str) -> Path:
-    return Path(build.load(kind)) / f"ladder_torch_{kind}.so"
-
-
 @pytest.fixture(scope="module")
 def libraries():
-    """Both libraries built (in this process too: the later checks read the files)."""
-    return {kind: _library(kind) for kind in ("cpu", "cuda")}
+    """Both libraries' files (this process loaded them at import)."""
+    return {kind: _native.load(kind) for kind in ("cpu", "cuda")}
 
 
 @pytest.mark.parametrize("order", [("cuda", "cpu"), ("cpu", "cuda")], ids="-then-".join)
 @pytest.mark.usefixtures("libraries")
 def test_both_libraries_in_one_process(order):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(PYTHON_DIR), env.get("PYTHONPATH", "")])
+    env = dict(os.environ, LADDER_TORCH_NO_AUTOLOAD="1")
     run = subprocess.run(
         [sys.executable, "-c", SCRIPT, *order],
         env=env,
