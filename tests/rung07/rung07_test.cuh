@@ -203,6 +203,19 @@ inline double row_relative_error(const Tensor& got, const Tensor& ref, int64_t w
   return worst;
 }
 
+// max |got - ref| / max |ref| over a whole tensor (or a set of sampled rows): for gradients,
+// whose rows can cancel to zero (dQ of a causal row that sees one key: dS = P (dP - D) = 0), so
+// that a row-wise ratio would divide rounding by zero.
+inline double tensor_relative_error(const Tensor& got, const Tensor& ref) {
+  double mx = 0, err = 0;
+  for (size_t i = 0; i < ref.data.size(); ++i) {
+    mx = std::max(mx, std::fabs(ref.data[i]));
+    err =
+        std::isfinite(got.data[i]) ? std::max(err, std::fabs(got.data[i] - ref.data[i])) : INFINITY;
+  }
+  return mx > 0 ? err / mx : (err > 0 ? INFINITY : 0.0);
+}
+
 // max |got - ref| / max(1, |ref|) for the LSE; -inf (no visible key) must match exactly.
 inline double lse_error(const Tensor& got, const Tensor& ref) {
   double worst = 0;
