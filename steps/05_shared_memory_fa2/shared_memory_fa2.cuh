@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: MIT (LICENSE). Follows the published structure of
+// FlashAttention-2 (T. Dao, 2023, arXiv:2307.08691, Algorithm 1) and, for the fa1 variant's loop
+// order, FlashAttention (Dao, Fu, Ermon, Rudra, Re, 2022, arXiv:2205.14135).
 // Step 05 — shared-memory FlashAttention-2 (CUDA, fp32).
 // Adds: a block per Q tile, K/V tiles staged in shared memory (FA2 loop order); register
 // micro-tiles of S and O per thread; row max and sum by warp shuffles, one division by l at the

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT (LICENSE). Follows the published structure of
+// FlashAttention-2 (T. Dao, 2023, arXiv:2307.08691, Algorithm 1).
 // Step 06 — tensor-core FlashAttention-2 (CUDA, bf16 and fp16 with fp32 accumulation).
 // Adds: mma.sync m16n8k16 with fp32 accumulation; ldmatrix (.trans for V); XOR-swizzled shared
 // memory; cp.async double buffering of K_j and V_j; P kept in registers as the A operand; exp2

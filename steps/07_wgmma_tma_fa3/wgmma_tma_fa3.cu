@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT (LICENSE). Follows the published structure of FlashAttention-3
+// (Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao, 2024, arXiv:2407.08608).
 // Step 07 — FlashAttention on Hopper: TMA, wgmma, warp specialisation (CUDA sm_90a, bf16/fp16).
 // Adds: TMA tile loads completing on mbarriers; wgmma with B from swizzled shared memory and P
 // from registers; a producer warpgroup and setmaxnreg; ping-pong scheduling of the consumer
