@@ -177,8 +177,8 @@ struct Provenance {
   std::string gpu, cuda, commit, run;
 };
 
-// A fresh run id: the UTC time and 24 random bits, e.g. 20261126T201830Z-3f9a2c, so that two
-// invocations differ even within one second.
+// A fresh run id: the UTC time and 24 random bits, e.g. 20261126T201830Z-3f9a2c; two
+// invocations within one second share one with odds of 1 in 2^24.
 std::string fresh_run_id() {
   const std::time_t now = std::time(nullptr);
   std::tm utc{};

@@ -212,7 +212,8 @@ def default_commit():
 
 
 def fresh_run_id():
-    """The UTC time and 24 random bits, as the driver's: two invocations never share one."""
+    """The UTC time and 24 random bits, as the driver's: two invocations, even within one
+    second, share one with odds of 1 in 2^24."""
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
@@ -705,7 +706,7 @@ def main(argv=None):
 def run_config(cfg, inputs, args, flex_cache, ref_cache, flush, results, gpu, cuda, stamp,
                skipped_notes):
     """Checks, times and reports one configuration; returns 1 if its check failed. stamp:
-    (commit, run id), the last columns but two and the last of its rows."""
+    (commit, run id), written into the commit and run columns of its rows."""
     commit, run_id = stamp
     def skip(why, once=False):
         if once:
