@@ -1,6 +1,3 @@
-// SPDX-License-Identifier: MIT (LICENSE). Follows the published structure of
-// FlashAttention-2 (T. Dao, 2023, arXiv:2307.08691, Algorithm 1) and, for the fa1 variant's loop
-// order, FlashAttention (Dao, Fu, Ermon, Rudra, Re, 2022, arXiv:2205.14135).
 // Step 05 — shared-memory FlashAttention-2 (CUDA, fp32).
 // Adds: a block per Q tile, K/V tiles staged in shared memory (FA2 loop order); register
 // micro-tiles of S and O per thread; row max and sum by warp shuffles, one division by l at the
@@ -8,6 +5,10 @@
 // FlashAttention block-size rule; FA1 loop order as a variant; FA2 backward: D pre-pass, a block
 // per K/V tile, dQ by fp32 atomics; block-sparse masks: masked tiles skipped, K/V never loaded;
 // dropout regenerated per element (Philox), never stored.
+//
+// SPDX-License-Identifier: MIT (LICENSE). Follows the published structure of
+// FlashAttention-2 (T. Dao, 2023, arXiv:2307.08691, Algorithm 1) and, for the fa1 variant's loop
+// order, FlashAttention (Dao, Fu, Ermon, Rudra, Re, 2022, arXiv:2205.14135).
 //
 // Where it sits: step 04 gave each query row its own thread and streamed every K and V row
 // from HBM (through L1/L2) for every query row. Here a block of threads shares the work of

@@ -1,5 +1,3 @@
-// SPDX-License-Identifier: MIT (LICENSE). Follows the published structure of
-// FlashAttention-2 (T. Dao, 2023, arXiv:2307.08691, Algorithm 1).
 // Step 06 — tensor-core FlashAttention-2 (CUDA, bf16 and fp16 with fp32 accumulation).
 // Adds: mma.sync m16n8k16 with fp32 accumulation; ldmatrix (.trans for V); XOR-swizzled shared
 // memory; cp.async double buffering of K_j and V_j; P kept in registers as the A operand; exp2
@@ -8,6 +6,9 @@
 // loop with dK_j and dV_j in registers; S^T and dP^T so that P^T and dS^T are A operands in
 // registers; dQ accumulated by fp32 atomics; block-sparse masks: masked tiles skipped, K/V never
 // loaded; dropout regenerated in registers (Philox), never stored.
+//
+// SPDX-License-Identifier: MIT (LICENSE). Follows the published structure of
+// FlashAttention-2 (T. Dao, 2023, arXiv:2307.08691, Algorithm 1).
 //
 // Where it sits: the top of the ladder. Step 05 has FlashAttention-2's loop order and
 // tiling in fp32 on the CUDA cores, whose FFMA ceiling (~51 TFLOP/s measured) it cannot

@@ -1,5 +1,3 @@
-// SPDX-License-Identifier: MIT (LICENSE). Follows the published structure of FlashAttention-3
-// (Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao, 2024, arXiv:2407.08608).
 // Step 07 — FlashAttention on Hopper: TMA, wgmma, warp specialisation (CUDA sm_90a, bf16/fp16).
 // Adds: TMA tile loads completing on mbarriers; wgmma with B from swizzled shared memory and P
 // from registers; a producer warpgroup and setmaxnreg; ping-pong scheduling of the consumer
@@ -8,6 +6,9 @@
 // dropout and block-sparse masks in the persistent kernels; the backward on wgmma: a producer
 // streams Q and dO tiles to two consumer warpgroups that keep dK and dV in registers, dQ added
 // by the copy engine.
+//
+// SPDX-License-Identifier: MIT (LICENSE). Follows the published structure of FlashAttention-3
+// (Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao, 2024, arXiv:2407.08608).
 //
 // Step 06 runs FlashAttention-2 on mma.sync: every warp loads its own operand fragments
 // (ldmatrix), issues 16 x 8 x 16 products one by one and waits for each; cp.async moves
