@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT (LICENSE). Implements the published Philox4x32-10 generator
+// (Salmon, Moraes, Dror, Shaw, SC 2011) from its specification.
 // Dropout's random mask Z, the same in every rung, tiling, loop order and pass
 // (docs/CONTRACT.md, "Dropout"). Z is never stored: every pass that needs Z_ij regenerates it
 // from (seed, b, h, i, j) with Philox4x32-10, a counter-based generator (Salmon, Moraes, Dror,

@@ -5,7 +5,8 @@
 
 reads the results files DIR/*.csv (default notes/results; one per GPU, written by `ladder bench
 --csv` and tools/peers.py --csv; schema in docs/CONTRACT.md, with or without the columns
-dropout,density: rows without them are dense and without dropout), the measured ceilings
+dropout,density,run: rows without them are dense and without dropout, and their run is
+commit:<commit>), the measured ceilings
 DIR/ceilings.csv (written by tools/ceilings.cu) and, where present, the rung-07 trace
 DIR/<gpu>-trace-07.csv, and writes, for each results file <gpu>.csv:
   <gpu>_tflops_<dtype>.svg|png  TFLOP/s against sequence length, each rung next to the PyTorch
@@ -19,8 +20,11 @@ into the figures folder (default notes/figures), and the table between <!-- resu
 and <!-- results:end --> in the README. The first three figures and the table use the dense rows
 without dropout. A ceiling is the newest row (the last in the file) of that name for the results
 file's GPU; with none, no ceiling line is drawn and the figure says so. With no results yet it
-writes that in the README and exits 0. Nothing here is typed by hand: every number comes from
-the CSV files. The figures need matplotlib (Debian: python3-matplotlib); the README table does not.
+writes that in the README and exits 0. A ratio of a rung to a peer (the README table, the dropout
+figure) takes both rows from one run (the run column: one invocation of tools/gpu_check.sh,
+which times the rungs and the peers side by side). Rows from before run ids have run
+commit:<commit>: they pair by commit, the latest such peer row. Nothing here is typed by hand:
+every number comes from the CSV files. The figures need matplotlib (Debian: python3-matplotlib); the README table does not.
 """
 import argparse
 import csv
@@ -66,7 +70,7 @@ RUNG_COLOR = {"00": "#7f7f7f", "01": "#bcbd22", "02": "#17becf", "03": "#d62728"
 
 
 class Row:
-    __slots__ = COLUMNS + list(OPTIONAL_COLUMNS)
+    __slots__ = COLUMNS + list(OPTIONAL_COLUMNS) + ["run"]
 
     def key(self):
         return (self.step, self.dtype, self.batch, self.heads, self.heads_kv, self.seq_q,
@@ -121,6 +125,8 @@ def parse_row(d):
         raise ValueError(f"dropout = {r.dropout:g}")
     if not 0 <= r.density <= 1:
         raise ValueError(f"density = {r.density:g}")
+    # The invocation that measured the row; before run ids, the commit is all that says so.
+    r.run = (d.get("run") or "").strip() or f"commit:{r.commit}"
     return r
 
 
@@ -559,15 +565,15 @@ def fig_sparsity(plt, rows, gpu, tag, out_dir, names, written):
 
 def fig_dropout(plt, rows, history, gpu, tag, out_dir, names, written):
     """(e) the dropout overhead: each GPU rung's and peer's TFLOP/s with dropout p over its own
-    TFLOP/s without dropout at the same shape (measured in the same GPU call where there is
-    such a row, else the latest), against seq."""
+    TFLOP/s without dropout at the same shape (measured in the same run where there is such a
+    row, else the latest), against seq."""
     drop = [r for r in rows if r.dropout > 0 and r.density == 1 and r.tflops > 0 and
             (r.peer or r.step not in CPU_RUNGS)]
     points = defaultdict(list)  # (direction, dim, causal) -> [(series, seq, ratio)]
     for r in drop:
         key = r.key()[:-2] + (0.0, r.density)
         base = [h for h in history if h.key() == key and h.tflops > 0]
-        same = [h for h in base if h.commit == r.commit]
+        same = [h for h in base if h.run == r.run]
         if not (same or base):
             continue
         b = (same or base)[-1]
@@ -835,16 +841,16 @@ def results_table(rows, history, gpu_tag, csv_path, names, figures):
 
     def paired(step, dtype, dim, causal, direction, peer):
         """(rung TFLOP/s, peer TFLOP/s): the rung's latest row whose peer was measured in the
-        same call (the same commit column), and that peer row; else the rung's latest row
-        alone (a later call that measured the rung without its peer, e.g. a variant sweep,
-        must not hide the last side-by-side pair)."""
+        same run (the same run column), and that peer row; else the rung's latest row alone
+        (a later run that measured the rung without its peer, e.g. a variant sweep, must not
+        hide the last side-by-side pair)."""
         latest = row(step, dtype, dim, causal, direction)
         if latest is None:
             return None, None
         key = latest.key()
         pkey = (peer,) + key[1:]
         for r in reversed([h for h in history if h.key() == key]):
-            same = [h for h in history if h.key() == pkey and h.commit == r.commit]
+            same = [h for h in history if h.key() == pkey and h.run == r.run]
             if same:
                 return r.tflops, same[-1].tflops
         return latest.tflops, None
@@ -865,8 +871,10 @@ def results_table(rows, history, gpu_tag, csv_path, names, figures):
         meta.append(f"commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}")
     out += [" · ".join(meta) + ".", ""]
     out += [f"TFLOP/s at seq {seq} (B = {max(1, TOKENS // seq)}, H·d = {HIDDEN}); "
-            "a ratio is the rung's TFLOP/s over its peer's measured in the same GPU call "
-            "(the same commit column), side by side.", ""]
+            "a ratio is the rung's TFLOP/s over its peer's measured in the same run "
+            "(one `tools/gpu_check.sh` call: the same `run` column), side by side. Rows from "
+            "before run ids carry `run` = `commit:<hash>` and pair by commit (the latest peer "
+            "row of that commit).", ""]
     out += ["| rung | dtype | d | causal | fwd | bwd | peer: fwd / bwd | fwd ratio | bwd ratio |",
             "|---|---|---|---|--:|--:|---|--:|--:|"]
     points = sorted({(r.step, r.dtype, r.dim, r.causal) for r in rungs if r.seq_q == seq},

@@ -12,24 +12,39 @@
 #   ceilings   the measured ceilings -> $OUT/ceilings.csv
 #   bench      ladder bench $BENCH_ARGS (default --preset flash) -> $OUT/<gpu>.csv
 #   peers      tools/peers.py $PEER_ARGS, rows appended to the same $OUT/<gpu>.csv
+# Every row this call writes (bench and peers) carries one run id, fresh per invocation, in the
+# results' run column: tools/figures.py pairs a rung with the peers of its own run, so run bench
+# and peers in one call to compare them.
 #   python     build the PyTorch extension (python/build_ext.py), then pytest python/tests
 #   gpt        the small GPT once per attention (sdpa rung6 rung7), 300 steps -> $OUT/gpt/
 # Environment: OUT (default ./out), BENCH_ARGS, PEER_ARGS, CTEST_ARGS (e.g. "-R 07"),
-# LADDER_COMMIT (the commit the rows are stamped with; default: git, else "unknown"), GPU_TAG
-# (the results file's name, default h100).
+# LADDER_COMMIT (the commit the rows are stamped with; default: as the driver finds it, `git
+# rev-parse --short HEAD` with -dirty when tracked files have uncommitted changes, else
+# "unknown"), GPU_TAG (the results file's name, default h100).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
 GPU_TAG=${GPU_TAG:-h100}
 mkdir -p "$OUT"
 stages=${*:-build test sanitize ceilings bench peers}
-commit=${LADDER_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-export LADDER_COMMIT=$commit
+# The commit by the driver's rule (tools/ladder.cpp, source_commit), found once so that the
+# ceilings, the sweep and the peers of this call carry the same string.
+if [ -z "${LADDER_COMMIT:-}" ]; then
+  if LADDER_COMMIT=$(git rev-parse --short HEAD 2>/dev/null); then
+    [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] ||
+      LADDER_COMMIT=$LADDER_COMMIT-dirty
+  else
+    LADDER_COMMIT=unknown
+  fi
+fi
+export LADDER_COMMIT
+commit=$LADDER_COMMIT
+run_id=$(date -u +%Y%m%dT%H%M%SZ)-$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')
 status=0
 log() { echo "== $*" | tee -a "$OUT/summary.log"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader |
   tee -a "$OUT/summary.log"
-log "commit $commit; stages: $stages"
+log "commit $commit; run $run_id; stages: $stages"
 for stage in $stages; do
   t0=$(date +%s)
   case $stage in
@@ -71,7 +86,7 @@ for stage in $stages; do
       ;;
     bench)
       # shellcheck disable=SC2086
-      build-gpu/ladder bench --csv "$OUT/$GPU_TAG.csv" ${BENCH_ARGS:---preset flash} \
+      build-gpu/ladder bench --csv "$OUT/$GPU_TAG.csv" --run-id "$run_id" ${BENCH_ARGS:---preset flash} \
         >"$OUT/bench.log" 2>&1 || status=1
       log "bench: $(grep -E 'points measured' "$OUT/bench.log")"
       grep -E '^FAIL|skipped:' "$OUT/bench.log" | head -10 | tee -a "$OUT/summary.log"
@@ -79,6 +94,7 @@ for stage in $stages; do
     peers)
       # shellcheck disable=SC2086
       PYTHONUNBUFFERED=1 python3 tools/peers.py --csv "$OUT/$GPU_TAG.csv" --commit "$commit" \
+        --run-id "$run_id" \
         ${PEER_ARGS:-} >"$OUT/peers.log" 2>&1 || status=1
       log "peers: $(tail -n 1 "$OUT/peers.log")"
       ;;

@@ -18,11 +18,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <limits>
 #include <map>
+#include <random>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -162,12 +165,43 @@ std::string shape_str(const Problem& p) {
 
 constexpr const char* kResultsHeader =
     "step,dtype,batch,heads,heads_kv,seq_q,seq_k,dim,causal,direction,ms,tflops,gbps,"
+    "workspace_bytes,gpu,cuda,commit,dropout,density,run";
+// The schema before the run column: such a file is migrated once, explicitly
+// (tools/migrate_results.py), never appended to, so that no row goes without a run id.
+constexpr const char* kResultsHeaderBeforeRun =
+    "step,dtype,batch,heads,heads_kv,seq_q,seq_k,dim,causal,direction,ms,tflops,gbps,"
     "workspace_bytes,gpu,cuda,commit,dropout,density";
 
-// Where a number was measured: named once per run of the driver.
+// Where a number was measured: named once per run of the driver. `run` tells this invocation's
+// rows from another's at the same commit (docs/CONTRACT.md, "Results files").
 struct Provenance {
-  std::string gpu, cuda, commit;
+  std::string gpu, cuda, commit, run;
 };
+
+// A fresh run id: the UTC time and 24 random bits, e.g. 20261126T201830Z-3f9a2c; two
+// invocations within one second share one with odds of 1 in 2^24.
+std::string fresh_run_id() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char when[32];
+  std::strftime(when, sizeof when, "%Y%m%dT%H%M%SZ", &utc);
+  std::random_device rd;
+  char bits[16];
+  std::snprintf(bits, sizeof bits, "%06x", unsigned(rd() & 0xffffffu));
+  return std::string(when) + "-" + bits;
+}
+
+// A run id given with --run-id: 1 to 64 of [A-Za-z0-9._:+-], so that it needs no quoting in
+// CSV, JSON or a shell. Empty if fine, else why not.
+std::string run_id_problem(const std::string& id) {
+  if (id.empty() || id.size() > 64)
+    return "must be 1 to 64 characters, got " + std::to_string(id.size());
+  for (unsigned char c : id)
+    if (!std::isalnum(c) && !std::strchr("._:+-", c))
+      return "may hold only letters, digits and . _ : + -, got '" + id + "'";
+  return "";
+}
 
 // Whether `cmd` exited 0; its standard output in `out`.
 bool capture(const std::string& cmd, std::string& out) {
@@ -205,11 +239,12 @@ std::string source_commit() {
   return LADDER_CONFIGURE_COMMIT;
 }
 
-Provenance provenance() {
+Provenance provenance(const std::string& run_id) {
   Provenance v;
   v.gpu = gpu_name();
   v.cuda = cuda_runtime_version();
   v.commit = source_commit();
+  v.run = run_id.empty() ? fresh_run_id() : run_id;
   return v;
 }
 
@@ -218,7 +253,7 @@ struct ResultRow {
   Problem p;
   std::string direction;
   double ms = 0, tflops = 0, gbps = 0, workspace = 0;
-  std::string gpu, cuda, commit;
+  std::string gpu, cuda, commit, run;
   double density = 1;  // the block mask's kept fraction (1: dense)
 };
 
@@ -241,6 +276,7 @@ ResultRow make_row(const Step& s, const Problem& p, bool bwd, const RunResult& r
   x.gpu = gpu ? (v.gpu.empty() ? "unknown" : v.gpu) : "cpu";
   x.cuda = gpu && !v.cuda.empty() ? v.cuda : "-";
   x.commit = v.commit;
+  x.run = v.run;
   return x;
 }
 
@@ -286,7 +322,7 @@ std::string csv_line(const ResultRow& r) {
     << p.seq_q << "," << p.seq_k << "," << p.dim << "," << (p.causal ? 1 : 0) << "," << r.direction
     << "," << num(r.ms) << "," << num(r.tflops) << "," << num(r.gbps) << "," << fmt(r.workspace, 0)
     << "," << csv_field(r.gpu) << "," << csv_field(r.cuda) << "," << csv_field(r.commit) << ","
-    << num(p.dropout) << "," << num(r.density);
+    << num(p.dropout) << "," << num(r.density) << "," << csv_field(r.run);
   return s.str();
 }
 
@@ -301,7 +337,7 @@ std::string json_object(const ResultRow& r) {
     << ", \"gbps\": " << json_number(r.gbps) << ", \"workspace_bytes\": " << fmt(r.workspace, 0)
     << ", \"gpu\": " << json_string(r.gpu) << ", \"cuda\": " << json_string(r.cuda)
     << ", \"commit\": " << json_string(r.commit) << ", \"dropout\": " << json_number(p.dropout)
-    << ", \"density\": " << json_number(r.density) << "}";
+    << ", \"density\": " << json_number(r.density) << ", \"run\": " << json_string(r.run) << "}";
   return s.str();
 }
 
@@ -322,6 +358,11 @@ class ResultsCsv {
       if (!in.good() && !in.eof()) throw BadInput("--csv " + path + ": cannot read the file");
       std::string first = old_.substr(0, old_.find('\n'));
       if (!first.empty() && first.back() == '\r') first.pop_back();
+      if (first == kResultsHeaderBeforeRun)
+        throw BadInput("--csv " + path +
+                       ": the file has the results schema from before the run column; migrate "
+                       "it once with tools/migrate_results.py " +
+                       path + " (its rows get run = commit:<their commit>), then append");
       if (first != kResultsHeader)
         throw BadInput("--csv " + path + ": the file's header is\n  " + first +
                        "\nnot the results schema\n  " + kResultsHeader +
@@ -431,7 +472,7 @@ int cmd_run(const std::string& which, const CommonOptions& o) {
 struct CompareArgs {
   CommonOptions o;
   std::vector<std::string> steps;
-  std::string csv;
+  std::string csv, run_id;
 };
 
 struct CompareRow {
@@ -564,7 +605,7 @@ int cmd_compare(const CompareArgs& a) {
   if (p.backward) head.push_back("bwd speed-up");
   head.push_back("note");
   Table t(head);
-  const Provenance prov = a.csv.empty() ? Provenance{} : provenance();
+  const Provenance prov = a.csv.empty() ? Provenance{} : provenance(a.run_id);
   const CompareRow* prev = nullptr;      // the previous step with a timing
   const CompareRow* prev_bwd = nullptr;  // ... and with a backward timing
   int failed = 0, ran = 0, no_device = 0;
@@ -725,7 +766,7 @@ struct BenchArgs {
   int repeats = 0, warmup = -1;
   std::string check = "auto";
   uint64_t seed = 0;
-  std::string csv, json;
+  std::string csv, json, run_id;
 };
 
 struct Preset {
@@ -820,7 +861,7 @@ int cmd_bench(BenchArgs a) {
   const std::vector<const Rung*> selected = select_rungs(a.steps);
   check_outputs({{"--csv", a.csv}, {"--json", a.json}});
   ResultsCsv csv(a.csv);
-  const Provenance prov = provenance();
+  const Provenance prov = provenance(a.run_id);
 
   // Which steps take part, and why the others do not (said once, not once per point).
   std::vector<std::string> notes;
@@ -925,7 +966,8 @@ int cmd_bench(BenchArgs a) {
             << (dtypes.empty() ? std::string("each step's own") : join(a.dtypes)) << "\n  "
             << points.size() << " points; check " << a.check << "; gpu "
             << (prov.gpu.empty() ? "none" : prov.gpu) << ", CUDA "
-            << (prov.cuda.empty() ? "-" : prov.cuda) << ", commit " << prov.commit << "\n";
+            << (prov.cuda.empty() ? "-" : prov.cuda) << ", commit " << prov.commit << ", run "
+            << prov.run << "\n";
   for (const std::string& n : notes) std::cout << "  " << n << "\n";
   if (points.empty()) {
     std::cerr << "error: nothing to measure (see above)\n";
@@ -1055,6 +1097,11 @@ constexpr const char* kExitFooter =
     "Exit status: 0 ok, 1 a check against the float64 oracle failed, 2 bad or unsupported "
     "input, 3 no CUDA device.";
 
+constexpr const char* run_id_help =
+    "the run column of the --csv rows (1 to 64 of A-Z a-z 0-9 . _ : + -; default: a fresh id, "
+    "UTC time and random bits); tools/gpu_check.sh gives one id to the sweep and the peers";
+const CLI::Validator run_id_validator(run_id_problem, "");
+
 int main_(int argc, char** argv) {
   CLI::App app{
       "ladder — the driver of the attention ladder: list the rungs, run one, compare "
@@ -1097,6 +1144,10 @@ int main_(int argc, char** argv) {
                    "append one row per step and direction (results schema) to FILE")
       ->check(nonempty())
       ->type_name("FILE")
+      ->group("Compare");
+  compare->add_option("--run-id", ca.run_id, run_id_help)
+      ->check(run_id_validator)
+      ->type_name("ID")
       ->group("Compare");
   compare->footer(
       "The inputs are made (or --load-ed) once, rounded to fp32 (or to --dtype) and then to "
@@ -1251,10 +1302,15 @@ int main_(int argc, char** argv) {
       ->check(nonempty())
       ->type_name("FILE")
       ->group("Output");
+  bench->add_option("--run-id", ba.run_id, run_id_help)
+      ->check(run_id_validator)
+      ->type_name("ID")
+      ->group("Output");
   bench->footer(
       std::string("CSV columns: ") + kResultsHeader +
       "\ncommit: $LADDER_COMMIT, else `git rev-parse --short HEAD` of the source tree (+ -dirty), "
-      "else the configure-time value. A point that fails its check gets no row and makes the "
+      "else the configure-time value. run: --run-id, else a fresh id per invocation; rows that "
+      "share it were measured in one call. A point that fails its check gets no row and makes the "
       "exit status 1; unsupported points (a dim, too much memory) are skipped, saying why.");
 
   if (argc < 2) {

@@ -33,8 +33,11 @@ error, and the exit status is then 1.
 
 --csv appends rows (one flushed line each) of the results schema, header
   step,dtype,batch,heads,heads_kv,seq_q,seq_k,dim,causal,direction,ms,tflops,gbps,
-  workspace_bytes,gpu,cuda,commit,dropout,density
-(a new file gets it; a file with another header is refused). GB/s counts compulsory traffic:
+  workspace_bytes,gpu,cuda,commit,dropout,density,run
+(a new file gets it; a file with another header is refused: one from before the run column is
+migrated once with tools/migrate_results.py). The run column is --run-id, else a fresh id per
+invocation; tools/gpu_check.sh gives the sweep and the peers of one call the same id, which is
+how tools/figures.py pairs a rung with the peers timed beside it. GB/s counts compulsory traffic:
 forward Q, K, V read and O written; backward Q, K, V, O, dO read and dQ, dK, dV written.
 Exit status: 0 ok, 1 a check failed, 2 bad arguments or CSV file, 3 no PyTorch or no CUDA device.
 """
@@ -44,13 +47,18 @@ import inspect
 import io
 import math
 import os
+import re
+import secrets
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-COLUMNS = ("step,dtype,batch,heads,heads_kv,seq_q,seq_k,dim,causal,direction,ms,tflops,gbps,"
-           "workspace_bytes,gpu,cuda,commit,dropout,density")
+COLUMNS_BEFORE_RUN = ("step,dtype,batch,heads,heads_kv,seq_q,seq_k,dim,causal,direction,ms,"
+                      "tflops,gbps,workspace_bytes,gpu,cuda,commit,dropout,density")
+COLUMNS = COLUMNS_BEFORE_RUN + ",run"
+RUN_ID = re.compile(r"[A-Za-z0-9._:+-]{1,64}")  # as `ladder bench --run-id`: no quoting needed
 BACKENDS = ("flash", "cudnn", "efficient", "math", "flex")
 MASK_BLOCK = 128  # the contract's default mask block, Bm = Bn
 MIN_CSV_REPEATS = 20
@@ -185,6 +193,8 @@ def selftest():
 
 
 def default_commit():
+    """$LADDER_COMMIT, else the driver's rule (tools/ladder.cpp, source_commit): `git rev-parse
+    --short HEAD`, with -dirty when tracked files have uncommitted changes, else '-'."""
     env = os.environ.get("LADDER_COMMIT", "").strip()
     if env:
         return env
@@ -192,10 +202,19 @@ def default_commit():
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
                              capture_output=True, timeout=10)
         if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
+            changes = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                     cwd=ROOT, text=True, capture_output=True, timeout=30)
+            dirty = changes.returncode == 0 and changes.stdout.strip()
+            return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
     return "-"
+
+
+def fresh_run_id():
+    """The UTC time and 24 random bits, as the driver's: two invocations, even within one
+    second, share one with odds of 1 in 2^24."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
 class ResultsCsv:
@@ -212,6 +231,11 @@ class ResultsCsv:
         if not new:
             with open(p, newline="", encoding="utf-8") as f:
                 first = f.readline().rstrip("\r\n")
+            if first == COLUMNS_BEFORE_RUN:
+                print(f"peers: {path} has the results schema from before the run column; "
+                      f"migrate it once with tools/migrate_results.py {path} (its rows get "
+                      "run = commit:<their commit>), then append", file=sys.stderr)
+                raise SystemExit(2)
             if first != COLUMNS:
                 print(f"peers: {path} starts with\n  {first}\nnot the results schema\n  "
                       f"{COLUMNS}\n(give a new file or one of this schema)", file=sys.stderr)
@@ -589,7 +613,9 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
     ap.add_argument("--csv", metavar="FILE", help="append rows of the results schema to FILE")
     ap.add_argument("--commit", help="the commit column (default $LADDER_COMMIT, else git "
-                    "rev-parse --short HEAD, else -)")
+                    "rev-parse --short HEAD, with -dirty for uncommitted changes, else -)")
+    ap.add_argument("--run-id", help="the run column (default: a fresh id per invocation); "
+                    "tools/gpu_check.sh gives its sweep and its peers one id")
     ap.add_argument("--selftest", action="store_true",
                     help="check the block-mask generator against known values and exit")
     args = ap.parse_args(argv)
@@ -603,6 +629,8 @@ def main(argv=None):
         ap.error("--seqlens, --dims, --tokens and --hidden must be positive")
     if not 0 <= args.seed < 2**64:
         ap.error("--seed must be in [0, 2^64)")
+    if args.run_id is not None and not RUN_ID.fullmatch(args.run_id):
+        ap.error("--run-id must be 1 to 64 of A-Z a-z 0-9 . _ : + -")
 
     global torch, F
     try:
@@ -617,12 +645,13 @@ def main(argv=None):
         return 3
     results = ResultsCsv(args.csv)  # refuses a file of another schema before any work
     commit = args.commit or default_commit()
+    run_id = args.run_id or fresh_run_id()
     gpu, cuda = torch.cuda.get_device_name(), torch.version.cuda or "-"
     if args.repeats < MIN_CSV_REPEATS:
         print(f"peers: median of {args.repeats} (the contract's convention is >= "
               f"{MIN_CSV_REPEATS})")
     print(f"# {gpu}, torch {torch.__version__}, CUDA {cuda}, cuDNN "
-          f"{torch.backends.cudnn.version()}, commit {commit}", flush=True)
+          f"{torch.backends.cudnn.version()}, commit {commit}, run {run_id}", flush=True)
     import warnings
     warnings.filterwarnings("ignore")  # SDPA explains every backend it skips, at length
     if "flex" in args.backends:
@@ -662,8 +691,8 @@ def main(argv=None):
                                 cfg = Config(backend, dtype, batch, heads, seq, dim, bool(causal),
                                              p, spec, masks[key])
                                 failed += run_config(cfg, (q, k, v, do), args, flex_cache,
-                                                     ref_cache, flush, results, gpu, cuda, commit,
-                                                     skipped_notes)
+                                                     ref_cache, flush, results, gpu, cuda,
+                                                     (commit, run_id), skipped_notes)
                 del q, k, v, do, flex_cache, ref_cache
                 if "flex" in args.backends:
                     torch._dynamo.reset()  # compiled kernels of this shape are not needed again
@@ -674,9 +703,11 @@ def main(argv=None):
     return 1 if failed else 0
 
 
-def run_config(cfg, inputs, args, flex_cache, ref_cache, flush, results, gpu, cuda, commit,
+def run_config(cfg, inputs, args, flex_cache, ref_cache, flush, results, gpu, cuda, stamp,
                skipped_notes):
-    """Checks, times and reports one configuration; returns 1 if its check failed."""
+    """Checks, times and reports one configuration; returns 1 if its check failed. stamp:
+    (commit, run id), written into the commit and run columns of its rows."""
+    commit, run_id = stamp
     def skip(why, once=False):
         if once:
             if why in skipped_notes:
@@ -725,7 +756,7 @@ def run_config(cfg, inputs, args, flex_cache, ref_cache, flush, results, gpu, cu
         results.add([cfg.step, cfg.dtype, cfg.batch, cfg.heads, cfg.heads, cfg.seq, cfg.seq,
                       cfg.dim, int(cfg.causal), direction, f"{ms:.6f}", f"{tflops:.3f}",
                       f"{gbps:.3f}", 0, gpu, cuda, commit, f"{cfg.dropout:g}",
-                      f"{cfg.density:.6g}"])
+                      f"{cfg.density:.6g}", run_id])
     return 0
 
 

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT (LICENSE). Follows the published structure of
+// FlashAttention-2 (T. Dao, 2023, arXiv:2307.08691, Algorithm 1).
 // Step 05, read this file first: the simplest shared-memory FlashAttention-2 forward (the
 // `row` variant, `--variant row`), from which the step's other kernels are built up one idea
 // at a time (shared_memory_fa2.cuh; notes/05_shared_memory_fa2.md has the measured path).

@@ -6,6 +6,10 @@
 // per K/V tile, dQ by fp32 atomics; block-sparse masks: masked tiles skipped, K/V never loaded;
 // dropout regenerated per element (Philox), never stored.
 //
+// SPDX-License-Identifier: MIT (LICENSE). Follows the published structure of
+// FlashAttention-2 (T. Dao, 2023, arXiv:2307.08691, Algorithm 1) and, for the fa1 variant's loop
+// order, FlashAttention (Dao, Fu, Ermon, Rudra, Re, 2022, arXiv:2205.14135).
+//
 // Where it sits: step 04 gave each query row its own thread and streamed every K and V row
 // from HBM (through L1/L2) for every query row. Here a block of threads shares the work of
 // Br query rows, so each K/V row fetched from HBM serves Br rows: FlashAttention-2's tiling

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT (LICENSE). Follows the published structure of
+// FlashAttention-2 (T. Dao, 2023, arXiv:2307.08691, Algorithm 2).
 // Step 05's backward: the FA2 backward (FlashAttention-2, Algorithm 2), fp32.
 //   pre-pass    D_i = rowsum(dO_i o O_i), dQ_acc = 0                backward_prepass_kernel
 //   main        one block per (K/V tile j, K/V head, batch), dK_j and dV_j in registers;

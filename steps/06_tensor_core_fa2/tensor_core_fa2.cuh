@@ -7,6 +7,9 @@
 // registers; dQ accumulated by fp32 atomics; block-sparse masks: masked tiles skipped, K/V never
 // loaded; dropout regenerated in registers (Philox), never stored.
 //
+// SPDX-License-Identifier: MIT (LICENSE). Follows the published structure of
+// FlashAttention-2 (T. Dao, 2023, arXiv:2307.08691, Algorithm 1).
+//
 // Where it sits: the top of the ladder. Step 05 has FlashAttention-2's loop order and
 // tiling in fp32 on the CUDA cores, whose FFMA ceiling (~51 TFLOP/s measured) it cannot
 // pass. This step keeps that algorithm and moves both matrix products onto the tensor

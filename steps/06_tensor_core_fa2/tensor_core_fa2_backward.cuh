@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT (LICENSE). Follows the published structure of
+// FlashAttention-2 (T. Dao, 2023, arXiv:2307.08691, Algorithm 2).
 // The backward pass of step 06: FlashAttention-2's backward (Dao 2023, Algorithm 2) on
 // mma.sync tensor cores, in three kernels.
 //

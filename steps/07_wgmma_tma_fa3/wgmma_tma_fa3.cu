@@ -1,6 +1,9 @@
 // Step 07 — FlashAttention on Hopper: TMA, wgmma, warp specialisation (CUDA sm_90a, bf16/fp16).
 // The forward kernel, its roles by warpgroup, and its host side (README.md: the reading order).
 //
+// SPDX-License-Identifier: MIT (LICENSE). Follows the published structure of FlashAttention-3
+// (Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao, 2024, arXiv:2407.08608).
+//
 // Step 06 runs FlashAttention-2 on mma.sync: every warp loads its own operand fragments
 // (ldmatrix), issues 16 x 8 x 16 products one by one and waits for each; cp.async moves
 // K_j, V_j and every thread computes addresses for it. On an H100 that tops out near

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: MIT (LICENSE). Follows the published structure of
+// FlashAttention-2 (T. Dao, 2023, arXiv:2307.08691, Algorithm 2) on the machinery of
+// FlashAttention-3 (Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao, 2024, arXiv:2407.08608).
 // Step 07 — FlashAttention's backward pass on Hopper: TMA, wgmma, a producer warpgroup, dQ
 // accumulated by TMA reduce-add (or vector atomics). sm_90a, bf16/fp16, head dims 64 and 128.
 //

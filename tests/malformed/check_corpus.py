@@ -98,8 +98,8 @@ def integrity(tmp, good):
     os.mkdir(folder)
     csv = os.path.join(folder, "results.csv")
     header = ("step,dtype,batch,heads,heads_kv,seq_q,seq_k,dim,causal,direction,ms,tflops,gbps,"
-              "workspace_bytes,gpu,cuda,commit,dropout,density\n")
-    old = header + "02,fp32,1,2,2,64,64,64,0,fwd,1,1,1,0,cpu,-,abc,0,1\n"
+              "workspace_bytes,gpu,cuda,commit,dropout,density,run\n")
+    old = header + "02,fp32,1,2,2,64,64,64,0,fwd,1,1,1,0,cpu,-,abc,0,1,r1\n"
     write(csv, old.encode())
     bench = [LADDER, "bench", "--steps", "2", "--seqlens", "64", "--causal", "0", "--directions",
              "fwd", "--repeats", "1", "--csv", csv]
