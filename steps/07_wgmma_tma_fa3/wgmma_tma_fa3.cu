@@ -1,5 +1,14 @@
 // Step 07 — FlashAttention on Hopper: TMA, wgmma, warp specialisation (CUDA sm_90a, bf16/fp16).
-// The forward kernel, its roles by warpgroup, and its host side (README.md: the reading order).
+// Adds: TMA tile loads completing on mbarriers; wgmma with B from swizzled shared memory and P
+// from registers; a producer warpgroup and setmaxnreg; ping-pong scheduling of the consumer
+// warpgroups; softmax overlapped with the next tile's GEMMs inside a warpgroup; a persistent
+// kernel fed by a tile scheduler, heaviest work first; three consumer warpgroups at d = 64;
+// dropout and block-sparse masks in the persistent kernels; the backward on wgmma: a producer
+// streams Q and dO tiles to two consumer warpgroups that keep dK and dV in registers, dQ added
+// by the copy engine.
+//
+// This file: the forward kernel, its roles by warpgroup, and its host side (README.md: the
+// reading order).
 //
 // SPDX-License-Identifier: MIT (LICENSE). Follows the published structure of FlashAttention-3
 // (Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao, 2024, arXiv:2407.08608).

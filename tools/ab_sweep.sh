@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Same-call A/B speed sweep: two builds of the ladder (say the commit before a refactor and
+# after) measured alternately, A B A B ..., so that both see the same GPU, clocks and
+# neighbours; tools/ab_table.py then gives each point's median over the passes and B/A.
+#   tools/ab_sweep.sh LADDER_A LADDER_B PASSES OUTDIR [ladder bench flags...]
+# e.g. tools/ab_sweep.sh /tmp/old/ladder build-gpu/ladder 2 out --preset flash --steps 7 \
+#        --dtype bf16,fp16
+# Writes OUTDIR/a-N.csv and OUTDIR/b-N.csv (each build's own results schema) and a log.
+set -uo pipefail
+a=$1 b=$2 passes=$3 out=$4
+shift 4
+mkdir -p "$out"
+status=0
+for n in $(seq 1 "$passes"); do
+  for side in a b; do
+    bin=$a
+    [ "$side" = b ] && bin=$b
+    t0=$(date +%s)
+    "$bin" bench --csv "$out/$side-$n.csv" "$@" >>"$out/ab.log" 2>&1 || status=1
+    echo "pass $n $side: $(($(date +%s) - t0)) s (exit $status)" | tee -a "$out/ab.log"
+  done
+done
+exit $status
