@@ -14,11 +14,11 @@
 //    sampled query rows and, up to seq 4096 (where the oracle's full backward of two heads takes
 //    seconds), dK and dV on sampled keys, of two heads.
 // Error = max |got - ref| / max |ref| per tensor (small shapes) or over the sampled rows of a
-// tensor (large ones: a row of its own can be 0, dQ of a causal row that sees one key); tolerance 5 unit roundoffs of bf16 (2e-2) or 10 of fp16 (5e-3): several times the
-// rounding of P, dS and the outputs, far below what a wrong layout or a lost tile gives. Every
-// element whose reference is structurally 0 (a query row or a key with nothing visible) must be
-// exactly 0; a NaN anywhere fails.
-// Exit status 1: a check failed; 2: bad usage; 3: a kernel did not finish (TIMEOUT); 77: no
+// tensor (large ones: a row of its own can be 0, dQ of a causal row that sees one key); tolerance 5
+// unit roundoffs of bf16 (2e-2) or 10 of fp16 (5e-3): several times the rounding of P, dS and the
+// outputs, far below what a wrong layout or a lost tile gives. Every element whose reference is
+// structurally 0 (a query row or a key with nothing visible) must be exactly 0; a NaN anywhere
+// fails. Exit status 1: a check failed; 2: bad usage; 3: a kernel did not finish (TIMEOUT); 77: no
 // sm_90 GPU (ctest: skipped).
 #include <memory>
 
