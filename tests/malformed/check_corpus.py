@@ -637,8 +637,31 @@ def main():
         "run_unknown_rung": ["run", "42"],
         "bench_bad_dropout": ["bench", "--dropout", "1.5"],
     }
+    # ladder verify: outputs made elsewhere; bad input is 2, a wrong result 1 (never 0).
+    vout, vshape, vpart = (os.path.join(tmp, d) for d in
+                           ("verify_out", "verify_wrong_shape", "verify_partial_backward"))
+    for d in (vout, vshape, vpart):
+        os.makedirs(d)
+    write(os.path.join(vout, "o.npy"), npy(SHAPE_Q))
+    write(os.path.join(vout, "lse.npy"), npy(SHAPE_Q[:3]))
+    write(os.path.join(vshape, "o.npy"), npy(SHAPE_KV))
+    write(os.path.join(vshape, "lse.npy"), npy(SHAPE_Q[:3]))
+    write(os.path.join(vpart, "o.npy"), npy(SHAPE_Q))
+    write(os.path.join(vpart, "lse.npy"), npy(SHAPE_Q[:3]))
+    write(os.path.join(vpart, "dq.npy"), npy(SHAPE_Q))
+    verify = ["verify", "--load", good, "--dtype", "fp32", "--outputs"]
+    ladder_cases.update({
+        "verify_no_dtype": ["verify", "--load", good, "--outputs", vout],
+        "verify_no_load": ["verify", "--dtype", "fp32", "--outputs", vout],
+        "verify_outputs_missing": verify + [os.path.join(tmp, "nope")],
+        "verify_outputs_wrong_shape": verify + [vshape],
+        "verify_partial_backward": verify + [vpart],
+        "verify_backward_without_grads": verify + [vout, "--backward"],
+        "verify_save_refused": verify + [vout, "--save", os.path.join(tmp, "verify_saved")],
+    })
     for name, argv in ladder_cases.items():
         cases.append((name, [LADDER, *argv], 2))
+    cases.append(("verify_wrong_result", [LADDER, *verify, vout], 1))
 
     # --- controls: the same programs on good input succeed
     cases.append(("control_load", [STEP, "--load", good], 0))
