@@ -14,12 +14,16 @@
 
 namespace ladder {
 
-std::string Tensor::shape_str() const {
+std::string shape_str(const std::vector<int64_t>& shape) {
   std::ostringstream s;
   s << "[";
   for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
   s << "]";
   return s.str();
+}
+
+std::string Tensor::shape_str() const {
+  return ladder::shape_str(shape);
 }
 
 std::vector<float> to_float(const Tensor& t) {

@@ -29,8 +29,11 @@ struct Tensor {
   }
   int64_t numel() const { return int64_t(data.size()); }
   bool empty() const { return data.empty(); }
-  std::string shape_str() const;
+  std::string shape_str() const;  // "[2, 8, 113, 64]"
 };
+
+// A shape as "[2, 8, 113, 64]" (messages and reports).
+std::string shape_str(const std::vector<int64_t>& shape);
 
 // Copies to float32 (for fp32 steps) / back from a float32 buffer.
 std::vector<float> to_float(const Tensor& t);

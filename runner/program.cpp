@@ -33,11 +33,7 @@ void shapes_from_files(const std::string& dir, Problem& p) {
   const NpyHeader q = read_npy_header(input_path(dir, "q.npy"));
   const NpyHeader k = read_npy_header(input_path(dir, "k.npy"));
   const NpyHeader v = read_npy_header(input_path(dir, "v.npy"));
-  auto shape_str = [](const NpyHeader& h) {
-    std::string s = "[";
-    for (size_t i = 0; i < h.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(h.shape[i]);
-    return s + "]";
-  };
+  auto shape_str = [](const NpyHeader& h) { return ladder::shape_str(h.shape); };
   auto need4 = [&](const NpyHeader& h, const std::string& name, const char* layout) {
     if (h.shape.size() != 4)
       throw BadInput(name + " has shape " + shape_str(h) + "; expected 4 dimensions " + layout);
@@ -215,8 +211,7 @@ RunOptions resolve_run_options(const Step& s, const CommonOptions& o) {
   return r;
 }
 
-double host_bytes_needed(const Step& s, const Problem& p, const RunOptions& ro, CheckMode mode,
-                         bool inputs_exist) {
+CheckBytes check_host_bytes(const Problem& p, CheckMode mode, bool inputs_exist) {
   const double q = double(p.q_numel()), kv = double(p.kv_numel()), rows = double(p.rows());
   const double in = q + 2 * kv + (p.backward ? q : 0),
                out = q + rows + (p.backward ? q + 2 * kv : 0);
@@ -245,13 +240,27 @@ double host_bytes_needed(const Step& s, const Problem& p, const RunOptions& ro, 
     const double plain = 8 * 2 * n + 2 * n + (p.backward ? 2 * 8 * n * d : 0);
     check_scratch = (full ? 1 : threads) * oracle + threads * plain;
   }
+  return {bytes, check_scratch};
+}
+
+double host_bytes_needed(const Step& s, const Problem& p, const RunOptions& ro, CheckMode mode,
+                         bool inputs_exist) {
+  const CheckBytes c = check_host_bytes(p, mode, inputs_exist);
+  const double q = double(p.q_numel()), kv = double(p.kv_numel());
   // A CPU step's workspace lives while it runs, the check's scratch after: the larger counts.
   if (s.device == Device::cpu)
-    bytes += std::max(check_scratch, s.workspace ? s.workspace(p, ro) : 0.0);
-  else  // the element-type copies made on the way to and from the device, one tensor at a time
-    bytes +=
-        check_scratch + 8 * std::max(q, kv) + double(dtype_bytes(p.dtype)) * 2 * std::max(q, kv);
-  return bytes;
+    return c.tensors + std::max(c.scratch, s.workspace ? s.workspace(p, ro) : 0.0);
+  // The element-type copies made on the way to and from the device, one tensor at a time.
+  return c.tensors + c.scratch + 8 * std::max(q, kv) +
+         double(dtype_bytes(p.dtype)) * 2 * std::max(q, kv);
+}
+
+void require_host_memory(double bytes, const std::string& what) {
+  const double avail = available_host_bytes();
+  if (bytes > 0.9 * avail)
+    throw BadInput(what + " needs about " + gib(bytes) +
+                   " of host memory (inputs, outputs and the oracle's check); " + gib(avail) +
+                   " are available. Use a smaller problem (or --check sampled / none).");
 }
 
 double device_bytes_needed(const Step& s, const Problem& p, const RunOptions& ro,
@@ -271,12 +280,7 @@ RunOptions prepare_host(const Step& s, const Problem& p, const RunOptions& ro, C
   // The tiles known without a device (compiled ones, or the flags) against the mask block.
   if (const std::string why = s.unsupported_on(p, r, DeviceInfo{}); !why.empty())
     throw BadInput(why);
-  const double host = host_bytes_needed(s, p, r, mode, inputs_exist);
-  const double avail = available_host_bytes();
-  if (host > 0.9 * avail)
-    throw BadInput("this run of " + s.name + " needs about " + gib(host) +
-                   " of host memory (inputs, outputs and the oracle's check); " + gib(avail) +
-                   " are available. Use a smaller problem (or --check sampled / none).");
+  require_host_memory(host_bytes_needed(s, p, r, mode, inputs_exist), "this run of " + s.name);
   return r;
 }
 

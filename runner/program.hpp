@@ -62,6 +62,15 @@ RunOptions prepare_device(const Step& s, const Problem& p, const RunOptions& ro)
 RunOptions prepare(const Step& s, const Problem& p, const RunOptions& ro, CheckMode mode,
                    bool inputs_exist = false);
 
+// Host bytes of a run's float64 tensors (inputs unless they exist, outputs, and the check's
+// oracle and yardstick outputs) and of the check's scratch (reference/oracle.cpp, plain.cpp).
+struct CheckBytes {
+  double tensors = 0, scratch = 0;
+};
+CheckBytes check_host_bytes(const Problem& p, CheckMode mode, bool inputs_exist);
+// Throws BadInput naming both figures when `bytes` exceeds 90 % of the available host memory.
+void require_host_memory(double bytes, const std::string& what);
+
 // Host bytes a run of s on p needs (inputs, outputs, the check's oracle and yardstick, the
 // step's workspace or the device copies) and device bytes for a CUDA step.
 double host_bytes_needed(const Step& s, const Problem& p, const RunOptions& ro, CheckMode mode,

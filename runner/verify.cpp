@@ -4,7 +4,6 @@
 #include <iostream>
 
 #include "error.hpp"
-#include "memory.hpp"
 #include "npy.hpp"
 #include "program.hpp"
 
@@ -13,12 +12,6 @@ namespace ladder {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
 
 // One output file: its header must give exactly the shape the problem implies (checked before
 // its data is read).
@@ -73,15 +66,9 @@ int verify_outputs_cli(const CommonOptions& o, const std::string& outputs_dir) {
   p.backward = backward;
   const CheckMode mode = check_options(o, p);
   if (mode == CheckMode::none) throw BadInput("verify checks: --check none has no meaning here");
-  // Inputs, outputs, the oracle's and the yardstick's outputs, all in float64.
-  const double outputs =
-      double(p.q_numel() + p.rows()) + (p.backward ? double(p.q_numel() + 2 * p.kv_numel()) : 0.0);
-  const double bytes = 8.0 * (double(p.q_numel()) + 2.0 * double(p.kv_numel()) +
-                              (p.backward ? double(p.q_numel()) : 0.0) + 3.0 * outputs);
-  if (bytes > 0.9 * available_host_bytes())
-    throw BadInput("verify needs about " + std::to_string(int64_t(bytes / (1 << 20))) +
-                   " MiB of host memory; " +
-                   std::to_string(int64_t(available_host_bytes() / (1 << 20))) + " MiB available");
+  // The same estimate as a run's check (the outputs read from files stand for the step's).
+  const CheckBytes c = check_host_bytes(p, mode, false);
+  require_host_memory(c.tensors + c.scratch, "verify");
 
   const Inputs in = obtain_inputs(o, p);
   Outputs got;
