@@ -98,19 +98,6 @@ std::vector<int64_t> sample_rows(const Problem& p) {
   r.erase(std::unique(r.begin(), r.end()), r.end());
   return r;
 }
-// The largest |x| of a tensor (chunks in parallel; the max does not depend on the order).
-double max_abs(const Tensor& t) {
-  const int chunks = parallel_chunk_count(t.numel());
-  std::vector<double> part(size_t(chunks), 0.0);
-  parallel_chunks(t.numel(), chunks, [&](int c, int64_t begin, int64_t end) {
-    double m = 0;
-    for (int64_t i = begin; i < end; ++i) m = std::max(m, std::fabs(t.data[size_t(i)]));
-    part[size_t(c)] = m;
-  });
-  double m = 0;
-  for (double x : part) m = std::max(m, x);
-  return m;
-}
 
 // Whether query row i of head (b, h) sees any key (else its LSE is -inf by the contract).
 bool row_sees_a_key(const Problem& p, const Inputs& in, int64_t b, int64_t h, int64_t i) {
@@ -153,6 +140,19 @@ void scan_unsampled(const Problem& p, const Inputs& in, const Outputs& got, Chec
   }
 }
 }  // namespace
+
+double max_abs(const Tensor& t) {
+  const int chunks = parallel_chunk_count(t.numel());
+  std::vector<double> part(size_t(chunks), 0.0);
+  parallel_chunks(t.numel(), chunks, [&](int c, int64_t begin, int64_t end) {
+    double m = 0;
+    for (int64_t i = begin; i < end; ++i) m = std::max(m, std::fabs(t.data[size_t(i)]));
+    part[size_t(c)] = m;
+  });
+  double m = 0;
+  for (double x : part) m = std::max(m, x);
+  return m;
+}
 
 Reference reference_for(const Problem& p, const Inputs& in, CheckMode mode) {
   Reference r;

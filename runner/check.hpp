@@ -64,6 +64,9 @@ struct Reference {
 Reference reference_for(const Problem& p, const Inputs& in, CheckMode mode);
 CheckReport judge(const Problem& p, const Inputs& in, const Outputs& got, const Reference& r);
 
+// The largest |x| of a tensor (chunks in parallel; the max does not depend on the order).
+double max_abs(const Tensor& t);
+
 // Flat index -> "[b, h, i, c]" for error messages.
 std::string index_str(const std::vector<int64_t>& shape, int64_t flat);
 

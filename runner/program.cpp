@@ -78,12 +78,6 @@ void check_mask_header(const Problem& p) {
                  std::to_string(p.sparsity.block_k) + "))");
 }
 
-double max_abs(const Tensor& t) {
-  double m = 0;
-  for (double x : t.data) m = std::max(m, std::fabs(x));
-  return m;
-}
-
 // How many query rows per head a sampled check computes (check.cpp picks them).
 int64_t sampled_rows(const Problem& p) {
   return std::min<int64_t>(p.seq_q, 12);
