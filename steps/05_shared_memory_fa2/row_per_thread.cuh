@@ -18,7 +18,8 @@
 // Correct for any lengths: keys past the end are zero-filled and masked, rows past the end
 // only help to load. What it does not do yet, and the next variants add: a thread holds all
 // d floats of q and of o (at d = 128 that is more registers than a thread has, so some live
-// in local memory), and every shared-memory read is a broadcast of one float to all threads.
+// in local memory), and every float read from shared memory feeds a single FMA (the compiler,
+// unrolling the loops over c, reads 4 floats at a time: 16-byte reads, broadcast to all).
 #pragma once
 #include <cuda_runtime.h>
 

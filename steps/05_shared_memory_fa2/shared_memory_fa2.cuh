@@ -84,20 +84,112 @@ constexpr int kBrMax = 128;       // forward: threads = kTX * Br / kTM = 2 * Br 
 constexpr int kFwdMaxThreads = kTX * kBrMax / kTM;
 constexpr unsigned kFull = 0xffffffffu;
 
-// Shared-memory row strides (floats). Q_i and K_j rows are padded by 4 floats: consecutive rows
-// then start 4 banks apart, so the 16-byte reads of 8 consecutive rows cover all 32 banks once
-// (d is a multiple of 32, so without the pad every row would start in bank 0). P_ij rows are
-// padded by 16: the two row groups of a warp (rows R and R+1) then sit 16 banks apart, and
-// their scalar writes and 16-byte reads never collide. V_j rows are read whole and in order by
-// 16 lanes (the other half warp reads the same addresses: a broadcast), so they need no pad in
-// the forward; the backward reads V_j like K_j and pads it the same way. kPad = false (the
-// '+micro-tiles' variant only) leaves every row unpadded, to measure what the pads buy.
+// Shared-memory bank conflicts, counted at compile time: Layout's static_asserts below reject
+// a row stride that conflicts (the harness checks results only, and a conflicting layout is
+// correct, only slower). Shared memory is 32 banks of 4-byte words, word w in bank w % 32; it
+// serves a warp's access in wavefronts of at most one word per bank, and lanes that name the
+// same word share it (a broadcast). An access is conflict-free when its busiest bank holds no
+// more distinct words than the fewest wavefronts those words need, ceil(words / 32). A 16-byte
+// access may be served a quarter warp (8 lanes) at a time, so each quarter must be too.
+// WarpAccess: lane (g, tx) of a warp (row group g = lane / 16, tx = lane % 16: the thread layout
+// above) touches `words` consecutive words from row g * row_g + tx * row_tx, column tx * col_tx,
+// of a tile with row stride ld. The access's other rows and columns (the loops' a, b, c, k)
+// shift every lane alike: the same banks, rotated, and the same conflicts.
+struct WarpAccess {
+  int row_g, row_tx, col_tx, words;
+};
+constexpr bool conflict_free_lanes(WarpAccess a, int ld, int first, int lanes) {
+  int word[32 * 4] = {};  // the distinct words touched
+  int n = 0;
+  for (int lane = first; lane < first + lanes; ++lane)
+    for (int w = 0; w < a.words; ++w) {
+      const int g = lane / kTX, tx = lane % kTX;
+      const int x = (g * a.row_g + tx * a.row_tx) * ld + tx * a.col_tx + w;
+      bool seen = false;
+      for (int i = 0; i < n; ++i) seen = seen || word[i] == x;
+      if (!seen) word[n++] = x;
+    }
+  for (int bank = 0; bank < 32; ++bank) {
+    int in_bank = 0;
+    for (int i = 0; i < n; ++i) in_bank += word[i] % 32 == bank;
+    if (in_bank > (n + 31) / 32) return false;
+  }
+  return true;
+}
+constexpr bool conflict_free(WarpAccess a, int ld) {
+  bool ok = conflict_free_lanes(a, ld, 0, 32);
+  for (int q = 0; a.words == 4 && q < 32; q += 8) ok = ok && conflict_free_lanes(a, ld, q, 8);
+  return ok;
+}
+// The accesses whose banks the row strides decide (the others take consecutive words of one
+// row or, in the tile copies, 128 consecutive bytes per quarter warp). 16 bytes of rows R and
+// R+1, the same for every lane of a row group: Q_i (dO_i) in abt_tile, P_ij (dS_ij) in pv_tile.
+// 16 bytes of rows tx + 16b, the same for both row groups: K_j (V_j) in abt_tile. 4 bytes, keys
+// tx + 16c of rows R and R+1: the writes of P_ij (dS_ij).
+constexpr WarpAccess kRowPairRead{1, 0, 0, 4}, kRowsRead{0, 1, 0, 4}, kRowPairWrite{1, 0, 1, 1};
+
+// Layout's row pads, in floats: qk for the rows of Q_i and K_j (and, in the backward, dO_i and
+// V_j), p for the rows of P_ij (and dS_ij).
+struct RowPads {
+  int qk, p;
+};
+constexpr RowPads row_pads() {
+  // EXERCISE BEGIN padding [medium]
+  // Concept: padding against bank conflicts: rows a multiple of 32 floats long all start in
+  // bank 0, so rows that a warp reads at once queue on the same banks; a pad spreads them.
+  //
+  // Return the pads, in floats: qk for the rows of Q_i and K_j (row stride d + qk, where d is
+  // a multiple of 32) and p for the rows of P_ij (row stride kBc + p = 64 + p). Layout's
+  // static_asserts simulate the warp accesses of abt_tile, pv_tile and the P_ij writes
+  // (conflict_free) and name the one that collides. Which rows does one warp access at once
+  // in each? Keep the pads small: shared memory limits the blocks per SM. Why must a pad be a
+  // multiple of 4 floats?
+  RowPads pads{};
+  // Q_i, K_j: 4 floats start consecutive rows 4 banks apart, so the 16-byte reads of 8
+  // consecutive rows cover all 32 banks once (d is a multiple of 32: without the pad every row
+  // would start in bank 0), and rows R and R+1 never share a bank.
+  pads.qk = 4;
+  // P_ij: 16 floats put the rows of the two row groups of a warp (R and R+1) 16 banks apart,
+  // so their scalar writes and their 16-byte reads never collide.
+  pads.p = 16;
+  return pads;
+  // EXERCISE END
+}
+// The pads, evaluated once, here: while the region above is blank (LADDER_TODO), row_pads() is
+// no constant expression, and the build stops on this line.
+constexpr RowPads kRowPads = row_pads();
+
+// Shared-memory row strides (floats): d + qk for Q_i and K_j, kBc + p for P_ij (row_pads). V_j
+// rows are read whole and in order by 16 lanes (the other half warp reads the same addresses:
+// a broadcast), so they need no pad in the forward; the backward reads V_j like K_j and pads it
+// the same way. kPad = false (the '+micro-tiles' and '+16-byte-reads' variants) leaves every
+// row unpadded, to measure what the pads buy. The static_asserts hold the padded rows of every
+// d built to conflict-free reads and writes (conflict_free).
 template <int D, bool kPad = true>
 struct Layout {
   static_assert(D % 32 == 0, "d must be a multiple of 32");
-  static constexpr int kLd = D + (kPad ? 4 : 0);      // Q_i, K_j (and, in the backward, dO_i, V_j)
-  static constexpr int kLdP = kBc + (kPad ? 16 : 0);  // P_ij, dS_ij
-  static constexpr int kCols = D / 16;                // O_i columns per thread
+  static constexpr int kLd = D + (kPad ? kRowPads.qk : 0);    // Q_i, K_j (backward: dO_i, V_j)
+  static constexpr int kLdP = kBc + (kPad ? kRowPads.p : 0);  // P_ij, dS_ij
+  static constexpr int kCols = D / 16;                        // O_i columns per thread
+  static_assert(kLd % 4 == 0 && kLdP % 4 == 0,
+                "Layout: the 16-byte reads (ld4) need every row to start on 16 bytes: the row "
+                "strides kLd and kLdP must be multiples of 4 floats");
+  static_assert(!kPad || conflict_free(kRowsRead, kLd),
+                "Layout::kLd: bank conflict reading K_j in abt_tile: the 16 lanes of a row group "
+                "read 16 bytes of 16 different rows (keys tx + 16b) at once, and with this row "
+                "stride some of those rows share banks");
+  static_assert(!kPad || conflict_free(kRowPairRead, kLd),
+                "Layout::kLd: bank conflict reading Q_i in abt_tile: the two row groups of a warp "
+                "read 16 bytes of rows R and R+1 at once, and with this row stride the two rows "
+                "share banks");
+  static_assert(!kPad || conflict_free(kRowPairWrite, kLdP),
+                "Layout::kLdP: bank conflict writing P_ij: the two row groups of a warp write keys "
+                "tx + 16c of rows R and R+1 (4 bytes a lane) at once, and with this row stride "
+                "the two rows share banks");
+  static_assert(!kPad || conflict_free(kRowPairRead, kLdP),
+                "Layout::kLdP: bank conflict reading P_ij in pv_tile: the two row groups of a warp "
+                "read 16 bytes of rows R and R+1 at once, and with this row stride the two rows "
+                "share banks");
 };
 
 __device__ __forceinline__ float4 ld4(const float* p) {
@@ -109,6 +201,16 @@ __device__ __forceinline__ float2 ld2(const float* p) {
 __device__ __forceinline__ float lane_of(const float4& v,
                                          int u) {  // u is a constant after unrolling
   return u == 0 ? v.x : u == 1 ? v.y : u == 2 ? v.z : v.w;
+}
+// W consecutive floats in one shared-memory read: W = 4, 16 bytes (LDS.128); W = 1, 4 bytes
+// (LDS), in .x. abt_tile and pv_tile read with W = 4 unless kWide is off.
+template <int W>
+__device__ __forceinline__ float4 ldw(const float* p) {
+  static_assert(W == 4 || W == 1, "reads of 16 or 4 bytes");
+  if constexpr (W == 4)
+    return ld4(p);
+  else
+    return make_float4(*p, 0.f, 0.f, 0.f);
 }
 
 // Max and sum over the 16 threads that share a row (a half warp; xor offsets < 16 stay in it).
@@ -134,7 +236,7 @@ struct TileCopy {
 // consecutive threads take consecutive float4s of a row). Each thread first issues kBatch
 // loads per tile, then stores them, so kCopies * kBatch loads are in flight at once instead
 // of one round trip to HBM per float4 (step 06 does this with cp.async instead). kBatch = 1
-// (the '+micro-tiles' and '+padding' variants): each load is stored before the next is issued.
+// (the variants before 'fa2'): each load is stored before the next is issued.
 template <int D, int kCopies, int kBatch = 4>
 __device__ __forceinline__ void load_tiles(const TileCopy (&c)[kCopies], int rows, int tid,
                                            int nthreads) {
@@ -163,54 +265,54 @@ __device__ __forceinline__ void load_tiles(const TileCopy (&c)[kCopies], int row
 }
 
 // acc += A B^T on a TM x kTN micro-tile: rows r0 + rstep*a of A, rows (keys) tx + kTX*b of B,
-// both Layout<D>::kLd-strided in shared memory. Each step over k reads one float4 of each of
-// the TM + kTN rows and does 4 * TM * kTN FMAs; every dot product is summed over k in order.
+// both Layout<D>::kLd-strided in shared memory. Each step over k reads kW floats of each of the
+// TM + kTN rows, one read each, and does kW * TM * kTN FMAs: kW = 4 (kWide: 16-byte reads), or
+// kW = 1 (the '+micro-tiles' variant: 4 times the reads for the same FMAs). Every dot product
+// is summed over k in order, so both give the same result, bit for bit.
 // S_ij = Q_i K_j^T in the forward; S_ij and dP_ij = dO_i V_j^T in the backward.
-template <int D, int TM, bool kPad = true>
+template <int D, int TM, bool kPad = true, bool kWide = true>
 __device__ __forceinline__ void abt_tile(float (&acc)[TM][kTN], const float* A, int r0, int rstep,
                                          const float* B, int tx) {
-  constexpr int ld = Layout<D, kPad>::kLd;
+  constexpr int ld = Layout<D, kPad>::kLd, kW = kWide ? 4 : 1;
   const float* a_rows = A + r0 * ld;
   const float* b_rows = B + tx * ld;
-  // Not unrolled: one step is already 4 * TM * kTN independent FMAs. Unrolling by 4 lets ptxas
-  // hoist the next steps' loads into registers: 190 instead of 128 at d = 64, which halves the
-  // blocks that fit on an SM.
+  // Not unrolled: one step is already kW * TM * kTN independent FMAs. Unrolling by 4 lets
+  // ptxas hoist the next steps' loads into registers: 190 instead of 128 at d = 64, which
+  // halves the blocks that fit on an SM. At kW = 1 it would also let the compiler merge the 4
+  // floats of a row into one 16-byte read: the very thing kWide measures.
 #pragma unroll 1
-  for (int k = 0; k < D; k += 4) {
+  for (int k = 0; k < D; k += kW) {
     float4 bv[kTN];
 #pragma unroll
-    for (int b = 0; b < kTN; ++b) bv[b] = ld4(b_rows + b * kTX * ld + k);
+    for (int b = 0; b < kTN; ++b) bv[b] = ldw<kW>(b_rows + b * kTX * ld + k);
 #pragma unroll
     for (int a = 0; a < TM; ++a) {
-      const float4 av = ld4(a_rows + a * rstep * ld + k);
+      const float4 av = ldw<kW>(a_rows + a * rstep * ld + k);
 #pragma unroll
-      for (int b = 0; b < kTN; ++b) {
-        acc[a][b] = fmaf(av.x, bv[b].x, acc[a][b]);
-        acc[a][b] = fmaf(av.y, bv[b].y, acc[a][b]);
-        acc[a][b] = fmaf(av.z, bv[b].z, acc[a][b]);
-        acc[a][b] = fmaf(av.w, bv[b].w, acc[a][b]);
-      }
+      for (int b = 0; b < kTN; ++b)
+#pragma unroll
+        for (int u = 0; u < kW; ++u) acc[a][b] = fmaf(lane_of(av, u), lane_of(bv[b], u), acc[a][b]);
     }
   }
 }
 
 // acc += P X on a TM x (D/16) micro-tile: rows r0 + rstep*a of P (kBc columns, kLdP-strided),
-// columns 2*tx + 32*c (+1) of X (kBc rows, ldx-strided). Per 4 keys: TM float4s of P and
-// 4 * D/32 float2s of X for 4 * TM * D/16 FMAs; summed over the keys in order.
-// O_i += P_ij V_j in the forward; dQ_i += dS_ij K_j in the backward.
-template <int D, int TM, bool kPad = true>
+// columns 2*tx + 32*c (+1) of X (kBc rows, ldx-strided). Per kW keys (kW as in abt_tile): TM
+// reads of kW floats of P and kW * D/32 float2s of X for kW * TM * D/16 FMAs; summed over the
+// keys in order. O_i += P_ij V_j in the forward; dQ_i += dS_ij K_j in the backward.
+template <int D, int TM, bool kPad = true, bool kWide = true>
 __device__ __forceinline__ void pv_tile(float (&acc)[TM][D / 16], const float* P, int r0, int rstep,
                                         const float* X, int ldx, int tx) {
-  constexpr int ldp = Layout<D, kPad>::kLdP;
+  constexpr int ldp = Layout<D, kPad>::kLdP, kW = kWide ? 4 : 1;
   const float* p_rows = P + r0 * ldp;
   const float* x_cols = X + 2 * tx;
 #pragma unroll 1  // as in abt_tile: registers, not instructions, limit the blocks per SM
-  for (int j = 0; j < kBc; j += 4) {
+  for (int j = 0; j < kBc; j += kW) {
     float4 pv[TM];
 #pragma unroll
-    for (int a = 0; a < TM; ++a) pv[a] = ld4(p_rows + a * rstep * ldp + j);
+    for (int a = 0; a < TM; ++a) pv[a] = ldw<kW>(p_rows + a * rstep * ldp + j);
 #pragma unroll
-    for (int u = 0; u < 4; ++u)
+    for (int u = 0; u < kW; ++u)
 #pragma unroll
       for (int c = 0; c < D / 32; ++c) {
         const float2 x = ld2(x_cols + (j + u) * ldx + 32 * c);
@@ -284,9 +386,11 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[kTM][kTN], const FwdAr
 // Q_i stays in shared memory for the whole loop over K/V tiles j; m_i, l_i and the
 // unnormalised O_i stay in registers; O_i / l_i and LSE_i = m_i + log l_i are written once.
 // Shared memory: [Q_i: Br x kLd][K_j: Bc x kLd, reused for P_ij][V_j: Bc x D].
-// kPad, kBatch: the padded rows (Layout) and the loads in flight (load_tiles); both on in the
-// default variant, off in the ones that measure them.
-template <int D, bool kDropout = false, bool kSparse = false, bool kPad = true, int kBatch = 4>
+// kWide, kPad, kBatch: the 16-byte shared-memory reads (abt_tile, pv_tile), the padded rows
+// (Layout) and the loads in flight (load_tiles); all on in the default variant, off in the
+// ones that measure them.
+template <int D, bool kDropout = false, bool kSparse = false, bool kPad = true, int kBatch = 4,
+          bool kWide = true>
 __global__ void __launch_bounds__(kFwdMaxThreads)
     forward_kernel(const FwdArgsFor<kDropout, kSparse> p) {
   using L = Layout<D, kPad>;
@@ -365,7 +469,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads)
     __syncthreads();  // K_j, V_j (and, the first time, Q_i) are in shared memory
 
     float s[kTM][kTN] = {};
-    abt_tile<D, kTM, kPad>(s, Qs, ty, TY, Ks, tx);  // S_ij = Q_i K_j^T
+    abt_tile<D, kTM, kPad, kWide>(s, Qs, ty, TY, Ks, tx);  // S_ij = Q_i K_j^T
     // Only a tile that straddles the diagonal (its last key is past the first row's last
     // visible key i0 + N - M) or the end of the sequence needs the mask.
     const bool mask = j0 + kBc > p.seq_k || (p.causal && j0 + kBc - 1 > i0 + p.seq_k - p.seq_q);
@@ -424,8 +528,8 @@ __global__ void __launch_bounds__(kFwdMaxThreads)
           if (!((kept_bits >> (kTN * r + c)) & 1u)) pij = 0.f;
         Ps[(ty + TY * r) * L::kLdP + tx + kTX * c] = pij;
       }
-    __syncthreads();                                  // P_ij is complete
-    pv_tile<D, kTM, kPad>(o, Ps, ty, TY, Vs, D, tx);  // O_i += P_ij V_j (unnormalised)
+    __syncthreads();                                         // P_ij is complete
+    pv_tile<D, kTM, kPad, kWide>(o, Ps, ty, TY, Vs, D, tx);  // O_i += P_ij V_j (unnormalised)
   }
 
   // Deferred normalisation: one division per row, by l_i and, with dropout, by 1 - p. l = 0
@@ -567,10 +671,10 @@ __global__ void fa1_lse_kernel(const float* __restrict__ m, const float* __restr
 // The launches (host code), for host.cu and for any other caller, e.g. a PyTorch extension.
 
 // Shared memory of a forward block in bytes: [Q_i | K_j or P_ij | V_j] for FA2, [Q_i or P_ij |
-// K_j | V_j] for FA1; pad: Layout's pads (off only in the '+micro-tiles' variant).
+// K_j | V_j] for FA1; pad: Layout's pads (off in '+micro-tiles' and '+16-byte-reads').
 constexpr size_t fwd_smem_bytes(int d, int br, bool fa1 = false, bool pad = true) {
-  const int ld = d + (pad ? 4 : 0), ldp = kBc + (pad ? 16 : 0), q = br * ld, k = kBc * ld,
-            p = br * ldp;
+  const int ld = d + (pad ? kRowPads.qk : 0), ldp = kBc + (pad ? kRowPads.p : 0), q = br * ld,
+            k = kBc * ld, p = br * ldp;
   const int floats = fa1 ? (q > p ? q : p) + k + kBc * d : q + (k > p ? k : p) + kBc * d;
   return size_t(floats) * sizeof(float);
 }
@@ -613,10 +717,10 @@ Features feature_args(const Params& p, bool lists_per_q, int br, int bc) {
   return f;
 }
 
-template <int D, bool kDropout, bool kSparse, bool kPad = true, int kBatch = 4>
+template <int D, bool kDropout, bool kSparse, bool kPad = true, int kBatch = 4, bool kWide = true>
 void launch_forward_as(const FwdParams& p, cudaStream_t stream) {
   static std::atomic<uint64_t> done{0};  // devices this kernel may use all shared memory on
-  const auto kernel = forward_kernel<D, kDropout, kSparse, kPad, kBatch>;
+  const auto kernel = forward_kernel<D, kDropout, kSparse, kPad, kBatch, kWide>;
   if (allow_device_smem(reinterpret_cast<const void*>(kernel), done) != cudaSuccess) return;
   const dim3 grid(unsigned((p.seq_q + p.Br - 1) / p.Br), unsigned(p.heads), unsigned(p.batch));
   const unsigned threads = unsigned(kTX * p.Br / kTM);
