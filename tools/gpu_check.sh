@@ -12,6 +12,9 @@
 #   ceilings   the measured ceilings -> $OUT/ceilings.csv
 #   bench      ladder bench $BENCH_ARGS (default --preset flash) -> $OUT/<gpu>.csv
 #   peers      tools/peers.py $PEER_ARGS, rows appended to the same $OUT/<gpu>.csv
+#   alternate  tools/alternate.sh: rung and peer in $ALT_PASSES (default 3) alternating processes,
+#              $ALT_BENCH and $ALT_PEERS their flags, rows to $OUT/<gpu>.csv with one run id per
+#              alternation (tools/bar_table.py: per-point medians of the ratios)
 # Every row this call writes (bench and peers) carries one run id, fresh per invocation, in the
 # results' run column: tools/figures.py pairs a rung with the peers of its own run, so run bench
 # and peers in one call to compare them.
@@ -20,11 +23,18 @@
 # Environment: OUT (default ./out), BENCH_ARGS, PEER_ARGS, CTEST_ARGS (e.g. "-R 07"),
 # LADDER_COMMIT (the commit the rows are stamped with; default: as the driver finds it, `git
 # rev-parse --short HEAD` with -dirty when tracked files have uncommitted changes, else
-# "unknown"), GPU_TAG (the results file's name, default h100).
+# "unknown"), GPU_TAG (the results file's name; default from the GPU's name: h100, h200, else
+# gpu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
-GPU_TAG=${GPU_TAG:-h100}
+if [ -z "${GPU_TAG:-}" ]; then
+  case $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1) in
+    *H100*) GPU_TAG=h100 ;;
+    *H200*) GPU_TAG=h200 ;;
+    *) GPU_TAG=gpu ;;
+  esac
+fi
 mkdir -p "$OUT"
 stages=${*:-build test sanitize ceilings bench peers}
 # The commit by the driver's rule (tools/ladder.cpp, source_commit), found once so that the
@@ -97,6 +107,11 @@ for stage in $stages; do
         --run-id "$run_id" \
         ${PEER_ARGS:-} >"$OUT/peers.log" 2>&1 || status=1
       log "peers: $(tail -n 1 "$OUT/peers.log")"
+      ;;
+    alternate)
+      LADDER=build-gpu/ladder OUT=$OUT tools/alternate.sh "$OUT/$GPU_TAG.csv" "${ALT_PASSES:-3}" \
+        "${ALT_BENCH:---preset flash --steps 7}" "${ALT_PEERS:---backends cudnn}" || status=1
+      log "alternate: $(tail -n 1 "$OUT/alternate.log")"
       ;;
     python)
       { python3 python/build_ext.py && python3 -m pytest -q -rs python/tests; } \

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Per-point medians of rung/peer ratios over alternations (tools/alternate.sh).
+
+    tools/bar_table.py CSV [CSV ...] --rung 07 --peer torch-cudnn [--bar 1.05] [--runs PREFIX]
+    tools/bar_table.py CSV --rung 07 --dropout-cost 0.1 [--bar 1.3]
+
+A ratio pairs a rung row and a peer row of one run id (one alternation: both measured in the
+same call, one process each); a point's figure is the median of its ratios over the runs that
+have both. --dropout-cost P pairs the rung's rows at dropout P with its own rows at dropout 0 of
+the same run, and reports time(P) / time(0) (the bar is then an upper bound). Prints a Markdown
+table and a summary line; exit status 0, or 2 for unreadable input or no paired point.
+"""
+import argparse
+import csv
+import statistics
+import sys
+from collections import defaultdict
+
+
+def read_rows(files):
+    rows = []
+    for f in files:
+        try:
+            with open(f, newline="") as fh:
+                rows.extend(csv.DictReader(fh))
+        except OSError as e:
+            sys.exit(f"bar_table.py: {e}")
+    return rows
+
+
+def point(r):
+    return (r["dtype"], int(r["dim"]), int(r["causal"]), int(r["seq_q"]), r["direction"],
+            float(r.get("density", "1") or 1))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("csv", nargs="+")
+    ap.add_argument("--rung", default="07", help="the rung's step column (default 07)")
+    ap.add_argument("--peer", default="torch-cudnn", help="the peer's step column")
+    ap.add_argument("--dropout", type=float, default=0.0, help="the dropout rate compared")
+    ap.add_argument("--dropout-cost", type=float, metavar="P",
+                    help="report the rung's own time at dropout P over its time at 0")
+    ap.add_argument("--bar", type=float, help="the bar (a lower bound on speed ratios, an upper "
+                    "bound on --dropout-cost)")
+    ap.add_argument("--runs", default="", help="only run ids starting with this")
+    args = ap.parse_args()
+
+    # ms[(step, dropout, run)][point]
+    ms = defaultdict(dict)
+    for r in read_rows(args.csv):
+        if not r.get("run", "").startswith(args.runs):
+            continue
+        ms[(r["step"], float(r.get("dropout", "0") or 0), r["run"])][point(r)] = float(r["ms"])
+    runs = sorted({k[2] for k in ms})
+    ratios = defaultdict(list)  # point -> one ratio per run
+    cost = args.dropout_cost is not None
+    for run in runs:
+        if cost:
+            num, den = ms.get((args.rung, args.dropout_cost, run)), ms.get((args.rung, 0.0, run))
+        else:
+            # speed ratio rung/peer = peer time / rung time
+            num, den = ms.get((args.peer, args.dropout, run)), ms.get((args.rung, args.dropout, run))
+        if not num or not den:
+            continue
+        for p in set(num) & set(den):
+            ratios[p].append(num[p] / den[p])
+    if not ratios:
+        print("bar_table.py: no point has both rows in one run", file=sys.stderr)
+        return 2
+    what = (f"{args.rung} time at dropout {args.dropout_cost} / at 0" if cost else
+            f"{args.rung} / {args.peer} (speed{'' if not args.dropout else f', dropout {args.dropout}'})")
+    print(f"| dtype | d | causal | seq | dir | {what}: median | per run |")
+    print("|---|--:|--:|--:|---|--:|---|")
+    meds = {}
+    for p in sorted(ratios):
+        meds[p] = statistics.median(ratios[p])
+        each = " ".join(f"{x:.3f}" for x in ratios[p])
+        dens = "" if p[5] == 1 else f" (density {p[5]:g})"
+        print(f"| {p[0]} | {p[1]} | {p[2]} | {p[3]}{dens} | {p[4]} | {meds[p]:.3f} | {each} |")
+    vals = list(meds.values())
+    n_runs = {len(v) for v in ratios.values()}
+    line = (f"\n{len(vals)} points, {min(n_runs)}-{max(n_runs)} runs each; median ratio from "
+            f"{min(vals):.3f} to {max(vals):.3f}")
+    if args.bar is not None:
+        ok = [v for v in vals if (v <= args.bar if cost else v >= args.bar)]
+        line += f"; {len(ok)} of {len(vals)} meet the bar ({'<=' if cost else '>='} {args.bar})"
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
