@@ -66,26 +66,10 @@ __global__ void __launch_bounds__(threads_of(kFlags, kConsumers), 1)
   constexpr bool kPers = kFlags & kPersist;
   using S = Smem<D, kConsumers, kStages, kPers>;
   extern __shared__ unsigned char smem_raw[];
-  __shared__ Bars bars;
-  // 128-byte swizzled tiles must start on 1024-byte boundaries: round the base up.
-  unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-
+  __shared__ Bars<kStages> bars;
+  unsigned char* smem = align_1024(smem_raw);
   if (threadIdx.x == 0) {
-    constexpr uint32_t kConsumerWarps = kConsumers * 4;  // one release per consumer warp
-    mbar_init(&bars.q_full, 1);  // the issuing thread's arrive.expect_tx; then the bytes
-    mbar_init(&bars.q_empty, kConsumerWarps);
-#pragma unroll
-    for (int st = 0; st < kStages; ++st) {
-      mbar_init(&bars.full_k[st], 1);
-      mbar_init(&bars.full_v[st], 1);
-      mbar_init(&bars.empty_k[st], kConsumerWarps);
-      mbar_init(&bars.empty_v[st], kConsumerWarps);
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      mbar_init(&bars.sched_full[i], 1);
-      mbar_init(&bars.sched_empty[i], kConsumerWarps);
-    }
+    bars.init(kConsumers * 4);
     mbarrier_init_fence();
   }
   __syncthreads();
@@ -106,10 +90,7 @@ __global__ void __launch_bounds__(threads_of(kFlags, kConsumers), 1)
                                                                               tr);
     }
   } else {
-    // One item per CTA: the last query tiles first (causal: they see the most keys), so that
-    // the last wave is made of short ones.
-    const Item c = make_item<S::kBr, kExtras>(p, int(gridDim.x) - 1 - int(blockIdx.x),
-                                              int(blockIdx.z) * p.heads + int(blockIdx.y));
+    const Item c = cta_item<S::kBr, kExtras>(p);  // one item per CTA
     RingPos pos;
     if constexpr (kFlags & kWarpSpec) {
       // Roles: warpgroup 0 produces, the others consume. Each role is one branch, with its
@@ -127,14 +108,9 @@ __global__ void __launch_bounds__(threads_of(kFlags, kConsumers), 1)
     } else {
       // No roles: thread 0 starts Q and the first two K/V tiles, then computes like the others.
       if (threadIdx.x == 0 && c.walk.n_iter > 0) {
-        load_q<S>(c, smem, &bars.q_full, &tm_q);
-        for (int it = 0; it < kStages && it < c.walk.n_iter; ++it) {
-          fault_delay();
-          load_kv<S>(c, smem, &tm_k, S::kK, &bars.full_k[it], it, c.walk.tile(it));
-          load_kv<S>(c, smem, &tm_v, S::kV, &bars.full_v[it], it, c.walk.tile(it));
-          const unsigned long long ti = tr.now();
-          tr.add(kTraceTmaIssueK, c.walk.tile(it), ti, ti);
-        }
+        load_q<S>(c, smem, bars.q().full_bar(0), &tm_q);
+        const KVCopies<S, kStages, kTrace> copy{c, smem, bars, &tm_k, &tm_v, tr};
+        for (int it = 0; it < kStages && it < c.walk.n_iter; ++it) copy.both(it, c.walk.tile(it));
       }
       __syncwarp();
       consume_item<T, D, kFlags, kConsumers, kStages, kExtras, kTrace>(
@@ -149,13 +125,7 @@ KParams kernel_params(const FwdPlan& plan) {
   KParams k{};
   k.o = f.o, k.lse = f.lse;
   k.heads = f.heads, k.group = f.heads / f.heads_kv, k.seq_q = f.seq_q, k.seq_k = f.seq_k;
-  k.scale = f.scale;
-  k.scale_log2 = float(double(f.scale) * 1.4426950408889634);
-  k.causal = f.causal ? 1 : 0;
-  k.dropout = f.dropout_p > 0.f ? 1 : 0;
-  k.drop_threshold = dropout::threshold(f.dropout_p);
-  k.drop_rescale = float(1.0 / (1.0 - double(f.dropout_p)));
-  k.seed_lo = uint32_t(f.dropout_seed & 0xffffffffu), k.seed_hi = uint32_t(f.dropout_seed >> 32);
+  k.score = score_params(f.scale, f.causal, f.dropout_p, f.dropout_seed);
   k.kv_count = f.kv_count, k.kv_index = f.kv_index;
   k.block_m = f.block_m > 0 ? f.block_m : plan.br;
   k.bn_tiles = f.block_n > 0 ? f.block_n / kBc : 1;
