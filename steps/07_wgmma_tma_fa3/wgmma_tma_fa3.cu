@@ -293,13 +293,7 @@ FwdPlan make_plan(const FwdParams& f, Variant v) {
   require(!is_persistent(v) || f.tile_counter != nullptr,
           "the persistent variants need tile_counter (4 bytes of device memory)");
 
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  cudaDeviceProp prop{};
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-  if (prop.major != 9 || prop.minor != 0)
-    throw std::runtime_error("step 07: needs an sm_90 GPU (H100/H200); this is sm_" +
-                             std::to_string(prop.major) + std::to_string(prop.minor));
+  const cudaDeviceProp prop = require_sm90("step 07");
 
   FwdPlan plan{};
   plan.params = f;
@@ -318,10 +312,7 @@ FwdPlan make_plan(const FwdParams& f, Variant v) {
   encode_3d(plan.tensor_maps[0], f.q, t16, 2, f.dim, f.seq_q, f.batch * f.heads, 64, e.br);
   encode_3d(plan.tensor_maps[1], f.k, t16, 2, f.dim, f.seq_k, f.batch * f.heads_kv, 64, kBc);
   encode_3d(plan.tensor_maps[2], f.v, t16, 2, f.dim, f.seq_k, f.batch * f.heads_kv, 64, kBc);
-  CUDA_CHECK(cudaFuncSetAttribute(e.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem));
-  cudaFuncAttributes attr{};
-  CUDA_CHECK(cudaFuncGetAttributes(&attr, e.fn));
-  plan.regs = attr.numRegs;
+  plan.regs = set_smem_limit(e.fn, e.smem);
   if (!e.persistent) {
     plan.grid = dim3(unsigned(n_mt), unsigned(f.heads), unsigned(f.batch));
     return plan;

@@ -343,13 +343,7 @@ BwdPlan make_bwd_plan(const BwdParams& f, BwdVariant v) {
     require(f.mask_heads == 1 || f.mask_heads == f.heads, "mask_heads must be 1 or heads");
   }
 
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  cudaDeviceProp prop{};
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-  if (prop.major != 9 || prop.minor != 0)
-    throw std::runtime_error("step 07 backward: needs an sm_90 GPU (H100/H200); this is sm_" +
-                             std::to_string(prop.major) + std::to_string(prop.minor));
+  require_sm90("step 07 backward");
 
   BwdPlan plan{};
   plan.params = f;
@@ -371,10 +365,7 @@ BwdPlan make_bwd_plan(const BwdParams& f, BwdVariant v) {
   encode_3d(plan.tensor_maps[3], f.dout, t16, 2, f.dim, f.seq_q, bh, 64, e.br);
   encode_3d(plan.tensor_maps[4], f.dq_acc, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, f.dim, f.seq_q, bh,
             32, 64);
-  CUDA_CHECK(cudaFuncSetAttribute(e.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem));
-  cudaFuncAttributes attr{};
-  CUDA_CHECK(cudaFuncGetAttributes(&attr, e.fn));
-  plan.regs = attr.numRegs;
+  plan.regs = set_smem_limit(e.fn, e.smem);
   return plan;
 }
 
