@@ -148,7 +148,7 @@ __device__ __forceinline__ void convert_p(uint32_t (&pf)[kBc / 16][4], const flo
 template <class T, int D, int kFlags, int kConsumers, int kStages, bool kExtras, bool kTrace>
 struct ItemSteps {
   static constexpr bool kWS = kFlags & kWarpSpec, kPP = kFlags & kPingPong,
-                        kPers = kFlags & kPersist;
+                        kPers = kFlags & kPersist, kCp = kFlags & kCpAsync;
   using S = Smem<D, kConsumers, kStages, kPers>;
   static constexpr int kBr = S::kBr;
 
@@ -180,12 +180,22 @@ struct ItemSteps {
 
   // The rings' handshakes. Waits: all 128 threads spin on the phase. Releases (warp-
   // specialised kernels): one arrive per warp once its wgmma wait has returned.
+  // wgmma (cp.async): K_it and V_it are one group of every thread's copies, kStages - 1
+  // groups (tiles it + 1 ..., some empty) were committed after it; once this thread's copies
+  // have landed it fences them for the async proxy, and the barrier waits for everyone's.
   __device__ __forceinline__ void wait_k(int it) {
     const unsigned long long t0 = tr.now();
-    bars.k().wait(kc + uint32_t(it));
+    if constexpr (kCp) {
+      cp_async_wait<kStages - 1>();
+      fence_proxy_async_shared();
+      __syncthreads();
+    } else {
+      bars.k().wait(kc + uint32_t(it));
+    }
     tr.add(kTraceWaitK, c.walk.tile(it), t0, tr.now());
   }
   __device__ __forceinline__ void wait_v(int it) {
+    if constexpr (kCp) return;  // (landed with K_it)
     const unsigned long long t0 = tr.now();
     bars.v().wait(vc + uint32_t(it));
     tr.add(kTraceWaitV, c.walk.tile(it), t0, tr.now());
@@ -236,15 +246,22 @@ struct ItemSteps {
     softmax_tile<kExtras>(s, m, l, alpha, ri, tile, tile >= c.n_unmasked, p, c);
     tr.add(kTraceSoftmax, tile, t0, tr.now());
   }
-  // No producer (tma-wgmma): everyone is done with tile it's stage, so thread 0 refills it
-  // with tile it + 2 (tile it + 1 is already in flight in the other stage).
+  // No producer (wgmma, tma-wgmma): everyone is done with tile it's stage, so it is refilled
+  // with tile it + 2 (tile it + 1 is already in flight in the other stage): by thread 0's TMA
+  // copies, or by every thread's cp.async (one group per refill, empty past the last tile).
   __device__ __forceinline__ void refill(int it) {
     __syncthreads();
-    if (threadIdx.x == 0 && it + kStages < n)
-      copy.both(int(bars.k().stage(kc + it)), c.walk.tile(it + kStages));
+    const int st = int(bars.k().stage(kc + it));
+    if constexpr (kCp) {
+      if (it + kStages < n)
+        cp_async_kv<S, D, kConsumers * kWGThreads>(c, p, base, st, c.walk.tile(it + kStages));
+      cp_async_commit();
+    } else if (threadIdx.x == 0 && it + kStages < n) {
+      copy.both(st, c.walk.tile(it + kStages));
+    }
   }
 
-  // tma-wgmma and warp-specialized: one tile at a time, each GEMM waited for at once.
+  // wgmma, tma-wgmma and warp-specialized: one tile at a time, each GEMM waited for at once.
   __device__ __forceinline__ void mainloop_serial() {
     for (int it = 0; it < n; ++it) {
       const int tile = c.walk.tile(it);
@@ -460,7 +477,7 @@ __device__ __forceinline__ void consume_item(const Item& c, int wg, const KParam
            ri, o, s, m, l, alpha, pf, t_s, t_pv};
   // clang-format on
   if (n > 0) {
-    bars.q().wait(pos.q);
+    if constexpr (!(kFlags & kCpAsync)) bars.q().wait(pos.q);  // (cp.async: with K_0)
     if constexpr (!(kFlags & kPingPong))
       ic.mainloop_serial();
     else if constexpr (!(kFlags & kIntraOverlap))

@@ -101,11 +101,13 @@ struct Bars {
   }
 };
 
-// One bit per idea; a variant is a prefix of them (three-consumers differs from persistent in
-// its warpgroup count, a template parameter).
-enum Flag : int { kWarpSpec = 1, kPingPong = 2, kIntraOverlap = 4, kPersist = 8 };
+// One bit per idea; from tma-wgmma on a variant is a prefix of them (three-consumers differs
+// from persistent in its warpgroup count, a template parameter); the baseline, wgmma, is
+// tma-wgmma with its copies made by cp.async instead of the TMA unit.
+enum Flag : int { kWarpSpec = 1, kPingPong = 2, kIntraOverlap = 4, kPersist = 8, kCpAsync = 16 };
 constexpr int flags_of(Variant v) {
-  return v == Variant::tma_wgmma          ? 0
+  return v == Variant::wgmma              ? kCpAsync
+         : v == Variant::tma_wgmma        ? 0
          : v == Variant::warp_specialized ? kWarpSpec
          : v == Variant::pingpong         ? kWarpSpec | kPingPong
          : v == Variant::intra_overlap    ? kWarpSpec | kPingPong | kIntraOverlap
@@ -130,6 +132,7 @@ struct KParams {
   int n_mt, n_bh, sec_heads, items;
   unsigned int* counter;
   unsigned long long* trace;
+  const void *q, *k, *v;  // the wgmma variant's cp.async sources (the others use the maps)
 };
 
 // ---- trace (compiled only into the kTrace instantiations) -------------------------------

@@ -86,10 +86,21 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
 // Spin until the phase with parity `parity` has completed (acquire: the TMA data, or the
 // arriving threads' writes, are visible afterwards). The parity of a phase is its index mod 2.
 // Pitfall: on a fresh barrier, parity 1 counts as "the preceding phase" and passes at once.
+// A learner's exercise build (LADDER_EXERCISE_BUILD) gives up after 2^24 polls, seconds where a
+// real wait takes microseconds: a wrong byte count or parity then fails the run with a trap
+// instead of hanging it.
+#if defined(LADDER_EXERCISE_BUILD)
+inline constexpr bool kWaitGivesUp = true;
+#else
+inline constexpr bool kWaitGivesUp = false;
+#endif
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   const uint32_t addr = smem_u32(bar);
-  uint32_t done;
+  uint32_t done, polls = 0;
   do {
+    if constexpr (kWaitGivesUp) {
+      if (++polls == (1u << 24)) __trap();
+    }
     asm volatile(
         "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
         "selp.u32 %0, 1, 0, p;\n}\n"
@@ -154,6 +165,28 @@ struct Pipeline {
     mbar_arrive_if(&empty[stage(count)], pred);
   }
 };
+
+// ---------------------------------------------------------------------------------------
+// cp.async (step 06's copies), for the one variant that loads without the TMA unit
+// ---------------------------------------------------------------------------------------
+
+// 16 bytes from global to shared memory, asynchronously, by this thread; `valid` = false
+// fills the 16 bytes with zeros instead (src-size 0: nothing is read, `src` must still be a
+// valid address). Pitfall: what cp.async writes is generic-proxy data, so a wgmma (async proxy)
+// may read it only after cp_async_wait, fence_proxy_async_shared and a barrier.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+               "l"(__cvta_generic_to_global(src)), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 // ---------------------------------------------------------------------------------------
 // TMA (cp.async.bulk.tensor), global -> shared

@@ -105,6 +105,18 @@ __global__ void __launch_bounds__(threads_of(kFlags, kConsumers), 1)
         consume_item<T, D, kFlags, kConsumers, kStages, kExtras, kTrace>(c, wg - 1, p, smem, bars,
                                                                          pos, &tm_k, &tm_v, tr);
       }
+    } else if constexpr (kFlags & kCpAsync) {
+      // wgmma: every thread copies its share of Q and of the first two K/V tiles (a group per
+      // tile, Q's with the first; empty groups keep the count where there are fewer tiles).
+      constexpr int kThreads = kConsumers * kWGThreads;
+      const uint32_t base = smem_u32(smem);
+      if (c.walk.n_iter > 0) cp_async_q<S, D, kThreads>(c, p, base);
+      for (int it = 0; it < kStages; ++it) {
+        if (it < c.walk.n_iter) cp_async_kv<S, D, kThreads>(c, p, base, it, c.walk.tile(it));
+        cp_async_commit();
+      }
+      consume_item<T, D, kFlags, kConsumers, kStages, kExtras, kTrace>(
+          c, threadIdx.x / kWGThreads, p, smem, bars, pos, &tm_k, &tm_v, tr);
     } else {
       // No roles: thread 0 starts Q and the first two K/V tiles, then computes like the others.
       if (threadIdx.x == 0 && c.walk.n_iter > 0) {
@@ -138,6 +150,7 @@ KParams kernel_params(const FwdPlan& plan) {
   k.items = plan.items;
   k.counter = f.tile_counter;
   k.trace = f.trace;
+  k.q = f.q, k.k = f.k, k.v = f.v;
   return k;
 }
 
@@ -172,24 +185,26 @@ Entry entry() {
           kPers};
 }
 
-constexpr int kBase = 0, kWS = kWarpSpec, kPP = kWarpSpec | kPingPong,
+constexpr int kCp = kCpAsync, kBase = 0, kWS = kWarpSpec, kPP = kWarpSpec | kPingPong,
               kFull = kWarpSpec | kPingPong | kIntraOverlap, kPers = kFull | kPersist;
 // The persistent kernels' stages: three at d = 64 (the tiles are half as long to compute, so
 // the ring must run further ahead; 144 KiB with three consumers), two at d = 128 (192 KiB).
 template <int D>
 inline constexpr int kPersStages = D == 64 ? 3 : 2;
 
-// Instantiation ids: 0..15 = variant * 4 + (fp16 ? 2 : 0) + (d == 128) for the one-item
-// kernels; 16..19 = persistent (two consumers), same order; 20, 21 = three consumers, d = 64,
-// bf16 / fp16; 22..25 = persistent with dropout / block-sparse compiled in; 26, 27, 28 = the
-// trace builds of tma-wgmma, intra-overlap and persistent (bf16, d = 128).
+// Instantiation ids: 0..15 = (variant - tma-wgmma) * 4 + (fp16 ? 2 : 0) + (d == 128) for the
+// TMA one-item kernels; 16..19 = persistent (two consumers), same order; 20, 21 = three
+// consumers, d = 64, bf16 / fp16; 22..25 = persistent with dropout / block-sparse compiled in;
+// 26, 27, 28 = the trace builds of tma-wgmma, intra-overlap and persistent (bf16, d = 128);
+// 29..32 = wgmma (cp.async), in the first order.
 int instantiation_id(Variant v, bool is_bf16, int dim, int seq_q, bool extras, bool trace) {
   const int dt = (is_bf16 ? 0 : 2) + (dim == 128 ? 1 : 0);
   if (trace) return v == Variant::tma_wgmma ? 26 : v == Variant::intra_overlap ? 27 : 28;
   if (extras) return 22 + dt;
   if (query_tile(v, dim, extras, seq_q) == 192) return is_bf16 ? 20 : 21;
   if (is_persistent(v)) return 16 + dt;
-  return int(v) * 4 + dt;
+  if (v == Variant::wgmma) return 29 + dt;
+  return (int(v) - int(Variant::tma_wgmma)) * 4 + dt;
 }
 
 // The one table that picks the instantiation, indexed by instantiation_id().
@@ -223,6 +238,10 @@ constexpr Entry (*kEntries[])() = {
     &entry<bf16, 128, kBase, 2, 2, false, true>,                  // 26
     &entry<bf16, 128, kFull, 2, 2, false, true>,                  // 27
     &entry<bf16, 128, kPers, 2, kPersStages<128>, false, true>,   // 28
+    &entry<bf16, 64, kCp, 2, 2, false, false>,                    // 29
+    &entry<bf16, 128, kCp, 2, 2, false, false>,                   // 30
+    &entry<fp16, 64, kCp, 2, 2, false, false>,                    // 31
+    &entry<fp16, 128, kCp, 2, 2, false, false>,                   // 32
 };
 Entry select(int id) {
   return id >= 0 && id < int(sizeof(kEntries) / sizeof(kEntries[0])) ? kEntries[id]() : Entry{};
@@ -358,7 +377,8 @@ std::string describe(const FwdPlan& plan) {
     s << " persistent grid=" << plan.grid.x << " items=" << plan.items
       << " section=" << plan.section_heads << " heads";
   if (plan.instantiation >= 22 && plan.instantiation < 26) s << " extras=dropout+block-sparse";
-  if (plan.instantiation >= 26) s << " trace";
+  if (plan.instantiation >= 26 && plan.instantiation < 29) s << " trace";
+  if (flags_of(plan.variant) & kCpAsync) s << " loads=cp.async";
   if (kFaultSkipKWait) s << " FAULT=skip_k_wait";
   return s.str();
 }
