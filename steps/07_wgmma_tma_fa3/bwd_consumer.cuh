@@ -6,42 +6,14 @@
 #include <climits>
 
 #include "bwd_params.cuh"
-#include "dropout.hpp"
+#include "tile_scheduler.cuh"
 
 namespace ladder::fa3 {
 namespace {
 
 // ---- the consumer's products -----------------------------------------------------------------
-
-// acc (64 x kN) = A B^T: A = 64 rows of a [Bc][D] tile (K_j or V_j: this warpgroup's keys), B =
-// a [kN][D] tile (Q_i or dO_i); both K-major, d / 16 k-steps of 32 bytes inside a 128-byte row,
-// the next 64 dims one column half further (the forward's S = Q K^T). No commit.
-template <class T, int D, int kN>
-__device__ __forceinline__ void issue_abt(float (&acc)[kN / 2], uint32_t a_rows, uint32_t b_tile) {
-  reg_fence(acc);
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    const uint32_t col = (kk % 4) * 32;
-    const uint64_t da = make_desc_sw128(a_rows + (kk / 4) * (kBc * kRowBytes) + col, 16, 1024);
-    const uint64_t db = make_desc_sw128(b_tile + (kk / 4) * (kN * kRowBytes) + col, 16, 1024);
-    wgmma_ss<T, kN, 0>(acc, da, db, kk > 0);
-  }
-}
-
-// acc (64 x D) += A B: A (64 x Br, this warpgroup's keys x the item's queries) from registers,
-// B = a [Br][D] tile (dO_i or Q_i) read N-major: k-step kk = rows 16kk.. (2048 bytes further),
-// the next 64 columns one column half (Br rows) away (the forward's O += P V). No fence, no
-// commit (the caller does both around the two products).
-template <class T, int D, int kBr>
-__device__ __forceinline__ void issue_rs(float (&acc)[D / 2], const uint32_t (&a)[kBr / 16][4],
-                                         uint32_t b_tile) {
-#pragma unroll
-  for (int kk = 0; kk < kBr / 16; ++kk) {
-    const uint64_t db = make_desc_sw128(b_tile + kk * 16 * kRowBytes, kBr * kRowBytes, 1024);
-    wgmma_rs<T, D, 1>(acc, a[kk], db, true);
-  }
-}
+// S^T = K_w Q_i^T and dP^T = V_w dO_i^T (A = this warpgroup's 64 keys of the [Bc][D] tile), and
+// dV_w += P^T dO_i, dK_w += dS^T Q_i (A from registers) are fa3.cuh's issue_abt and issue_rs.
 
 // acc (64 x 64) = dS K_j: A = dS (64 queries x Bc keys) read MN-major from the dS^T buffer
 // ([key][64 queries] rows: k-step kk = keys 16kk.., 2048 bytes further), B = K_j (Bc keys x
@@ -54,7 +26,7 @@ __device__ __forceinline__ void issue_dq(float (&acc)[32], uint32_t ds, uint32_t
   for (int kk = 0; kk < kBc / 16; ++kk) {
     const uint64_t da = make_desc_sw128(ds + kk * 16 * kRowBytes, kBc * kRowBytes, 1024);
     const uint64_t db = make_desc_sw128(k + kk * 16 * kRowBytes, kBc * kRowBytes, 1024);
-    wgmma_ss_t<T, 64, 1, 1>(acc, da, db, kk > 0);
+    wgmma_ss<T, 64, 1, 1>(acc, da, db, kk > 0);
   }
 }
 
@@ -142,10 +114,10 @@ struct BwdSteps {
   // dQ of item `item` (plane bh, first row i0) out of the dq registers.
   __device__ __forceinline__ void dq_out(const float (&dq)[32], int item, int bh, int i0) {
     if constexpr (kDqTma) {
-      mbar_wait(&g_bars.dq_empty[w], (item & 1) ^ 1);  // the writer has read item - 1's part
+      dq_ring(w).acquire(item);  // the writer has read item - 1's part
       stage_dq(c.smem + C::kDQ + w * kDqWgBytes, dq, wp, g, t);
       fence_proxy_async_shared();  // generic writes -> the copy engine's reads
-      mbar_arrive_if(&g_bars.dq_full[w], true);
+      dq_ring(w).commit(item);
     } else {
       atomic_dq<D>(p.dq_acc + size_t(bh) * M * D, i0 + dq_row0, dq_col0, M, dq, wp, g, t);
     }
@@ -161,18 +133,18 @@ struct BwdSteps {
   __device__ __forceinline__ void make_keep(int h, int i0) {
 #pragma unroll
     for (int k = 0; k < (kBr / 16 + 3) / 4; ++k) keep[k] = ~0u;
-    if (!p.dropout) return;
+    if (!p.score.dropout) return;
 #pragma unroll
     for (int kk = 0; kk < kBr / 16; ++kk) {
       const dropout::Philox4 ph =
           dropout::philox(key16 * 32u + uint32_t(lane), uint32_t(i0 / 16 + kk), uint32_t(h),
-                          uint32_t(c.b), p.seed_lo, p.seed_hi);
+                          uint32_t(c.b), p.score.seed_lo, p.score.seed_hi);
       uint32_t bits = 0;
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const uint32_t z = transpose_b16(ph.w[q]);
-        bits |= uint32_t((z & 0xffffu) >= p.drop_threshold) << (2 * q);
-        bits |= uint32_t((z >> 16) >= p.drop_threshold) << (2 * q + 1);
+        bits |= uint32_t((z & 0xffffu) >= p.score.drop_threshold) << (2 * q);
+        bits |= uint32_t((z >> 16) >= p.score.drop_threshold) << (2 * q + 1);
       }
       keep[kk / 4] = (keep[kk / 4] & ~(0xffu << (8 * (kk % 4)))) | (bits << (8 * (kk % 4)));
     }
@@ -189,14 +161,14 @@ struct BwdSteps {
   // (q >> 1). dS uses this rounded P (as step 06 does): the error is that of rounding dS itself.
   __device__ __forceinline__ void exp_p(float (&s)[kBr / 2], uint32_t (&pf)[kBr / 16][4], int i0,
                                         int st) {
-    const bool need_mask = c.j0 + kBc > N || (p.causal && c.j0 + kBc - 1 > i0 + N - M);
+    const bool need_mask = c.j0 + kBc > N || (p.score.causal && c.j0 + kBc - 1 > i0 + N - M);
     // Query i0 + 8cc + 2t + i is hidden from key row r iff 8cc + i < lim[r]: keys past N are
     // hidden from every query; causal: key j needs query >= j - (N - M).
     int lim[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int key = c.j0 + row0 + 8 * r;
-      lim[r] = key >= N ? INT_MAX : (p.causal ? key - (N - M) - i0 - 2 * t : INT_MIN);
+      lim[r] = key >= N ? INT_MAX : (p.score.causal ? key - (N - M) - i0 - 2 * t : INT_MIN);
     }
     const float* lst = s_l + st * kBr;
 #pragma unroll
@@ -210,7 +182,7 @@ struct BwdSteps {
           for (int i = 0; i < 2; ++i) {
             float& v = s[4 * cc + 2 * r + i];
             if (need_mask && 8 * cc + i < lim[r]) v = -INFINITY;
-            v = fast_exp2(fmaf(v, p.scale_log2, -(i ? l2.y : l2.x)));
+            v = fast_exp2(fmaf(v, p.score.scale_log2, -(i ? l2.y : l2.x)));
           }
       }
 #pragma unroll
@@ -233,8 +205,8 @@ struct BwdSteps {
         float dp0 = dp[e], dp1 = dp[e + 1];
         if constexpr (kExtras) {
           const uint32_t b = keep[kk / 4] >> (8 * (kk % 4) + 2 * q);
-          dp0 = (b & 1u) ? dp0 * p.drop_rescale : 0.f;
-          dp1 = (b & 2u) ? dp1 * p.drop_rescale : 0.f;
+          dp0 = (b & 1u) ? dp0 * p.score.drop_rescale : 0.f;
+          dp1 = (b & 2u) ? dp1 * p.score.drop_rescale : 0.f;
           pf[kk][q] &= ((b & 1u) ? 0x0000ffffu : 0u) | ((b & 2u) ? 0xffff0000u : 0u);  // P o Z
         }
         sf[kk][q] = pack2<T>(pe.x * (dp0 - d2.x), pe.y * (dp1 - d2.y));
@@ -248,7 +220,7 @@ struct BwdSteps {
     // no item stores zeros: keys that no query sees get zero gradients.
     float dv_scale = 1.f;
     if constexpr (kExtras) {
-      if (p.dropout) dv_scale = p.drop_rescale;
+      if (p.score.dropout) dv_scale = p.score.drop_rescale;
     }
     T* dkp = static_cast<T*>(p.dk) + size_t(c.bhk) * N * D;
     T* dvp = static_cast<T*>(p.dv) + size_t(c.bhk) * N * D;
@@ -260,7 +232,7 @@ struct BwdSteps {
       for (int cc = 0; cc < D / 8; ++cc) {
         const size_t at = size_t(key) * D + 8 * cc + 2 * t;
         *reinterpret_cast<uint32_t*>(dkp + at) =
-            pack2<T>(dk[4 * cc + 2 * r] * p.scale, dk[4 * cc + 2 * r + 1] * p.scale);
+            pack2<T>(dk[4 * cc + 2 * r] * p.score.scale, dk[4 * cc + 2 * r + 1] * p.score.scale);
         *reinterpret_cast<uint32_t*>(dvp + at) =
             pack2<T>(dv[4 * cc + 2 * r] * dv_scale, dv[4 * cc + 2 * r + 1] * dv_scale);
       }
@@ -317,19 +289,18 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
   if (g_has_items) {
     float s[kBr / 2], dp[kBr / 2], dq[32];
     uint32_t pf[kBr / 16][4];
-    mbar_wait(&g_bars.full_q[0], 0);
+    const Pipeline<kStages> q = q_ring(), dO = do_ring();
+    q.wait(0);
     ItemInfo item = g_items[0];  // (after the wait: written before the phase completed)
-    issue_abt<T, D, kBr>(s, k_rows, base + C::kQ);
-    wgmma_commit();
+    issue_abt<T, D, kBc, kBr>(s, k_rows, base + C::kQ);
     if constexpr (kExtras) steps.make_keep(item.h, item.i0);
     wgmma_wait<0>();
     reg_fence(s);
-    mbar_wait(&g_bars.full_do[0], 0);
-    issue_abt<T, D, kBr>(dp, v_rows, base + C::kDO);
-    wgmma_commit();
+    dO.wait(0);
+    issue_abt<T, D, kBc, kBr>(dp, v_rows, base + C::kDO);
     steps.exp_p(s, pf, item.i0, 0);
     for (int x = 0;; ++x) {
-      const int st = x % kStages;
+      const int st = int(q.stage(x));
       const int h = item.h, i0 = item.i0, last = item.last;
       const uint32_t q_tile = base + C::kQ + st * C::kQBytes;
       const uint32_t do_tile = base + C::kDO + st * C::kQBytes;
@@ -368,18 +339,16 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
       reg_fence(dk);
       reg_fence(pf);
       reg_fence(sf);
-      mbar_arrive_if(&g_bars.empty[st], lane == 0);
+      q.release(x, lane == 0);  // (and dO's)
 
       // The next item's S^T (on this stage again after the last item); this item's dQ out
       // while it runs.
-      const int nst = last ? st : st ^ 1;
-      const uint32_t npar = ((x + (last ? 0 : 1)) / kStages) & 1;
+      const int nx = x + (last ? 0 : 1), nst = last ? st : st ^ 1;  // its use and stage
       if (!last) {
-        mbar_wait(&g_bars.full_q[nst], npar);
+        q.wait(nx);
         item = g_items[(x + 1) % kItemSlots];
       }
-      issue_abt<T, D, kBr>(s, k_rows, base + C::kQ + nst * C::kQBytes);
-      wgmma_commit();
+      issue_abt<T, D, kBc, kBr>(s, k_rows, base + C::kQ + nst * C::kQBytes);
       if constexpr (kExtras) {
         if (!last) steps.make_keep(item.h, item.i0);
       }
@@ -388,11 +357,10 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
       steps.dq_out(dq, x, c.b * p.heads + h, i0);
 
       // The next item's dP^T, and its P^T while dP^T runs.
-      mbar_wait(&g_bars.full_do[nst], npar);
+      dO.wait(nx);
       wgmma_wait<0>();
       reg_fence(s);
-      issue_abt<T, D, kBr>(dp, v_rows, base + C::kDO + nst * C::kQBytes);
-      wgmma_commit();
+      issue_abt<T, D, kBc, kBr>(dp, v_rows, base + C::kDO + nst * C::kQBytes);
       steps.exp_p(s, pf, item.i0, nst);
       if (last) break;
     }

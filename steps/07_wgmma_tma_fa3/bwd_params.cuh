@@ -1,32 +1,23 @@
-// Rung 07's backward, what every role shares: the tiles and the register split, where the tiles
-// sit in shared memory, the mbarriers and the named barrier, the kernel's parameters, the item
-// slots the producer fills, and the CTA's coordinates. Included by wgmma_tma_fa3_backward.cu
-// only (device code in an unnamed namespace).
+// Rung 07's backward, what every role shares: the tiles, where they sit in shared memory, the
+// mbarriers and their rings, the kernel's parameters and the item slots the producer fills.
+// Included by wgmma_tma_fa3_backward.cu only (device code in an unnamed namespace).
 #pragma once
 #include <cuda.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdint>
 
-#include "hopper.cuh"
+#include "fa3.cuh"
 
 namespace ladder::fa3 {
 namespace {
 
-using namespace ladder::hopper;
-using bf16 = __nv_bfloat16;
-using fp16 = __half;
-
 // ---- tiles, shared memory, barriers ------------------------------------------------------
-constexpr int kBc = 128;  // keys per CTA: two consumer warpgroups x 64 (wgmma's M)
-constexpr int kStages = 2, kWGThreads = 128, kThreads = 3 * kWGThreads;
-constexpr int kRowBytes = 128;  // one swizzled row: 64 16-bit elements (or 32 floats)
+// Bc = 128 keys per CTA: two consumer warpgroups x 64 (wgmma's M). The register split is the
+// forward's with two consumers, 24 / 240 (fa3.cuh).
+constexpr int kStages = 2, kThreads = 3 * kWGThreads;
+constexpr int kConsumerRegs = consumer_regs(2);
 constexpr float kLog2e = 1.4426950408889634f;
-
-// Register split: 128 x 24 + 256 x 240 = 64512 <= 65536 (the forward's).
-constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 
 // The dQ staging of the tma-reduce variant: per consumer warpgroup a 64 x 64 fp32 part, two
 // TMA boxes of 64 rows x 32 floats (128-byte rows, the TMA's 128-byte swizzle).
@@ -63,7 +54,6 @@ struct Bars {
   uint64_t dq_full[2];   // warpgroup w's dQ part staged (128 threads)
   uint64_t dq_empty[2];  // the writer has read warpgroup w's part (1)
 };
-constexpr int kBarDS = 1;  // named barrier: both consumers wrote their dS^T
 
 // What the kernel needs besides the tensor maps (by value, in the parameter space).
 struct KParams {
@@ -73,12 +63,7 @@ struct KParams {
   void* dk;
   void* dv;
   int heads, heads_kv, group, seq_q, seq_k, m_pad;
-  float scale, scale_log2;
-  int causal;
-  // dropout (kExtras): keep iff the 16-bit uniform >= threshold; dV *= drop_rescale
-  int dropout;
-  uint32_t drop_threshold, seed_lo, seed_hi;
-  float drop_rescale;
+  ScoreParams score;  // dropout (kExtras): dV *= drop_rescale
   // block-sparse (kExtras; q_count null = dense): the host's lists of kept query blocks
   const int* q_count;
   const int* q_index;
@@ -102,20 +87,19 @@ constexpr int kItemSlots = 4;
 __shared__ Bars g_bars;
 __shared__ ItemInfo g_items[kItemSlots];  // written by the producer
 __shared__ int g_has_items;               // written by the producer before it arrives on bar_kv
+__shared__ int g_walk[4];                 // the producer's BwdWalk constants (tile_scheduler.cuh)
 
-struct Ctx {
-  int j0, hk, b, bhk;  // first key; K/V head; batch; K/V plane b * heads_kv + hk
-  int M, N;
-  unsigned char* smem;  // 1024-aligned base of the dynamic shared memory
-};
-
-// Two packed 16-bit values (pack2's layout) back to fp32, low half first.
-template <class T>
-__device__ __forceinline__ float2 unpack2(uint32_t v) {
-  if constexpr (kIsBf16<T>)
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-  else
-    return __half22float2(*reinterpret_cast<const __half2*>(&v));
+// The rings over g_bars (Pipeline, hopper.cuh). Q_i (+ L_i) and dO_i (+ D_i) fill one stage
+// with a full barrier each and share its empty barrier: both are released at once. Consumer
+// warpgroup w hands its dQ part to the dQ writer through a one-stage ring of its own.
+__device__ __forceinline__ Pipeline<kStages> q_ring() {
+  return {g_bars.full_q, g_bars.empty};
+}
+__device__ __forceinline__ Pipeline<kStages> do_ring() {
+  return {g_bars.full_do, g_bars.empty};
+}
+__device__ __forceinline__ Pipeline<1> dq_ring(int w) {
+  return {&g_bars.dq_full[w], &g_bars.dq_empty[w]};
 }
 
 }  // namespace

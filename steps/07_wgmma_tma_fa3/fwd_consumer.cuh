@@ -11,37 +11,15 @@ namespace {
 
 // ---- the consumer's pieces --------------------------------------------------------------
 
-// S = Q_c K^T for this warpgroup's 64 rows: d/16 wgmma k-steps. Step kk reads columns
-// 16kk..16kk+15: column half kk / 4 (Br or Bc rows further), 32 bytes further per step inside
-// the 128-byte row.
-template <class T, int D, int kBr>
-__device__ __forceinline__ void issue_s(float (&s)[kBc / 2], uint32_t q_addr, uint32_t k_addr) {
-  reg_fence(s);
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    const uint32_t col = (kk % 4) * 32;
-    const uint64_t da = make_desc_sw128(q_addr + (kk / 4) * (kBr * kRowBytes) + col, 16, 1024);
-    const uint64_t db = make_desc_sw128(k_addr + (kk / 4) * (kBc * kRowBytes) + col, 16, 1024);
-    wgmma_ss<T, kBc, 0>(s, da, db, kk > 0);
-  }
-  wgmma_commit();
-}
-
-// O += P V: Bc/16 k-steps over the keys; B = V rows 16kk..16kk+15 (2048 bytes further per
-// step), read N-major (the transpose bit), the next 64 columns (d = 128) one column half away.
+// The two GEMMs of a tile are fa3.cuh's: S = Q_c K^T for this warpgroup's 64 rows (issue_abt),
+// and O += P V over the Bc keys, V read N-major (issue_rs, fenced and committed here).
 template <class T, int D>
 __device__ __forceinline__ void issue_pv(float (&o)[D / 2], uint32_t (&p)[kBc / 16][4],
                                          uint32_t v_addr) {
   reg_fence(o);
-#pragma unroll
-  for (int kk = 0; kk < kBc / 16; ++kk) reg_fence(p[kk]);
+  reg_fence(p);
   wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < kBc / 16; ++kk) {
-    const uint64_t db = make_desc_sw128(v_addr + kk * 16 * kRowBytes, kBc * kRowBytes, 1024);
-    wgmma_rs<T, D, 1>(o, p[kk], db, true);
-  }
+  issue_rs<T, D, kBc>(o, p, v_addr);
   wgmma_commit();
 }
 
@@ -85,10 +63,10 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kBc / 2], float (&m)[2],
     // sum; mx: the new max, over this tile's row (the quad's 4 threads) and m[r]. Leave
     // alpha[r] (the factor for O), m[r], the row's scores s[4 cb + 2 r + i] as the
     // unnormalised weights exp(tau (s - m)), and their sum folded into l[r]. Tools:
-    // p.scale_log2 (tau log2 e) and fast_exp2; one fmaf and one exp2 per score. Trap: a row
+    // p.score.scale_log2 (tau log2 e) and fast_exp2; one fmaf and one exp2 per score. Trap: a row
     // that has seen only masked keys so far.
-    const float mx_scaled = mx == kNegInf ? 0.f : mx * p.scale_log2;
-    alpha[r] = fast_exp2(m[r] * p.scale_log2 - mx_scaled);
+    const float mx_scaled = mx == kNegInf ? 0.f : mx * p.score.scale_log2;
+    alpha[r] = fast_exp2(m[r] * p.score.scale_log2 - mx_scaled);
     m[r] = mx;
     float sum = 0.f;
 #pragma unroll
@@ -96,7 +74,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kBc / 2], float (&m)[2],
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         // exp(tau (s - m)) = exp2(s tau log2e - m tau log2e): one FFMA, one ex2
-        const float pe = fast_exp2(fmaf(s[4 * cb + 2 * r + i], p.scale_log2, -mx_scaled));
+        const float pe = fast_exp2(fmaf(s[4 * cb + 2 * r + i], p.score.scale_log2, -mx_scaled));
         s[4 * cb + 2 * r + i] = pe;
         sum += pe;
       }
@@ -104,7 +82,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kBc / 2], float (&m)[2],
     // EXERCISE END
   }
   if constexpr (kExtras) {
-    if (p.dropout) {
+    if (p.score.dropout) {
       // l summed the undropped P (the LSE is that of P); Z only zeroes P on its way into PV.
       // One Philox call per 16 x 16 block gives this lane its 8 elements (docs/CONTRACT.md).
 #pragma unroll
@@ -112,7 +90,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kBc / 2], float (&m)[2],
         const uint32_t J = uint32_t(key0 / 16 + kk);
         const dropout::Philox4 w =
             dropout::philox(J * 32u + uint32_t(ri.lane), uint32_t(ri.row16), uint32_t(c.h),
-                            uint32_t(c.b), p.seed_lo, p.seed_hi);
+                            uint32_t(c.b), p.score.seed_lo, p.score.seed_hi);
         const uint32_t(&words)[4] = w.w;
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
@@ -129,7 +107,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kBc / 2], float (&m)[2],
           const uint32_t word = words[(e >> 2) + 2 * ((e >> 1) & 1)];
           u = (word >> (16 * (e & 1))) & 0xffffu;
           // EXERCISE END
-          if (u < p.drop_threshold) s[8 * kk + e] = 0.f;
+          if (u < p.score.drop_threshold) s[8 * kk + e] = 0.f;
         }
       }
     }
@@ -165,12 +143,12 @@ __device__ __forceinline__ void convert_p(uint32_t (&pf)[kBc / 16][4], const flo
 // The steps the main loops of consumer warpgroup `wg` are written in, on one work item. It
 // works on consume_item's registers (O, S, P, the row state: held by reference, as a lambda
 // would) and knows where the item's tiles sit in the K and V rings. Each step carries its own
-// handshake (mbarrier wait or release, ping-pong turn), its trace stamp and the fault build's
-// moved wait; the stamps and the fault are no-ops in the normal build.
+// handshake (a ring's wait or release, the ping-pong turn), its trace stamp and the fault
+// build's moved wait; the stamps and the fault are no-ops in the normal build.
 template <class T, int D, int kFlags, int kConsumers, int kStages, bool kExtras, bool kTrace>
 struct ItemSteps {
   static constexpr bool kWS = kFlags & kWarpSpec, kPP = kFlags & kPingPong,
-                        kPers = kFlags & kPersist;
+                        kPers = kFlags & kPersist, kCp = kFlags & kCpAsync;
   using S = Smem<D, kConsumers, kStages, kPers>;
   static constexpr int kBr = S::kBr;
 
@@ -178,9 +156,8 @@ struct ItemSteps {
   const int wg;
   const KParams& p;
   unsigned char* const smem;
-  Bars& bars;
-  const CUtensorMap* const tm_k;
-  const CUtensorMap* const tm_v;
+  Bars<kStages>& bars;
+  const KVCopies<S, kStages, kTrace>& copy;  // tma-wgmma's refills
   Trace<kTrace>& tr;
   const int &tid, &warp, &lane, &g, &t, &n, &M;
   const uint32_t &kc, &vc;  // ring positions of this item's tile 0
@@ -195,24 +172,32 @@ struct ItemSteps {
   unsigned long long &t_s, &t_pv;  // trace: when the S and the PV GEMM in flight began
 
   __device__ __forceinline__ uint32_t k_addr(int it) const {
-    return base + S::kK + ((kc + it) % kStages) * S::kKVBytes;
+    return base + S::kK + bars.k().stage(kc + it) * S::kKVBytes;
   }
   __device__ __forceinline__ uint32_t v_addr(int it) const {
-    return base + S::kV + ((vc + it) % kStages) * S::kKVBytes;
+    return base + S::kV + bars.v().stage(vc + it) * S::kKVBytes;
   }
 
-  // The mbarrier handshakes. Waits: all 128 threads spin on the phase. Releases (warp-
+  // The rings' handshakes. Waits: all 128 threads spin on the phase. Releases (warp-
   // specialised kernels): one arrive per warp once its wgmma wait has returned.
+  // wgmma (cp.async): K_it and V_it are one group of every thread's copies, kStages - 1
+  // groups (tiles it + 1 ..., some empty) were committed after it; once this thread's copies
+  // have landed it fences them for the async proxy, and the barrier waits for everyone's.
   __device__ __forceinline__ void wait_k(int it) {
-    const uint32_t u = kc + uint32_t(it);
     const unsigned long long t0 = tr.now();
-    mbar_wait(&bars.full_k[u % kStages], (u / kStages) & 1);
+    if constexpr (kCp) {
+      cp_async_wait<kStages - 1>();
+      fence_proxy_async_shared();
+      __syncthreads();
+    } else {
+      bars.k().wait(kc + uint32_t(it));
+    }
     tr.add(kTraceWaitK, c.walk.tile(it), t0, tr.now());
   }
   __device__ __forceinline__ void wait_v(int it) {
-    const uint32_t u = vc + uint32_t(it);
+    if constexpr (kCp) return;  // (landed with K_it)
     const unsigned long long t0 = tr.now();
-    mbar_wait(&bars.full_v[u % kStages], (u / kStages) & 1);
+    bars.v().wait(vc + uint32_t(it));
     tr.add(kTraceWaitV, c.walk.tile(it), t0, tr.now());
   }
   // K_it's wait belongs before the S GEMM that reads K_it; the fault build moves it after.
@@ -223,15 +208,15 @@ struct ItemSteps {
     if constexpr (kFaultSkipKWait) wait_k(it);
   }
   __device__ __forceinline__ void release_k(int it) {
-    if constexpr (kWS) mbar_arrive_if(&bars.empty_k[(kc + uint32_t(it)) % kStages], lane == 0);
+    if constexpr (kWS) bars.k().release(kc + uint32_t(it), lane == 0);
   }
   __device__ __forceinline__ void release_v(int it) {
-    if constexpr (kWS) mbar_arrive_if(&bars.empty_v[(vc + uint32_t(it)) % kStages], lane == 0);
+    if constexpr (kWS) bars.v().release(vc + uint32_t(it), lane == 0);
   }
   // Persistent: once the item's last S GEMM has been waited for, Q is free for the next item.
   __device__ __forceinline__ void release_q(int it) {
     if constexpr (kPers) {
-      if (it == n - 1) mbar_arrive_if(&bars.q_empty, lane == 0);
+      if (it == n - 1) bars.q().release(0, lane == 0);  // (one stage)
     }
   }
   // Ping-pong: before its GEMMs a warpgroup waits for its turn (bar.sync on its own id, 256
@@ -247,7 +232,7 @@ struct ItemSteps {
   // The GEMMs: issue (stamping the start), and done once a wgmma wait has covered them.
   __device__ __forceinline__ void issue_s_of(int it) {
     t_s = tr.now();
-    issue_s<T, D, kBr>(s, q_addr, k_addr(it));
+    issue_abt<T, D, kBr, kBc>(s, q_addr, k_addr(it));
   }
   __device__ __forceinline__ void issue_pv_of(int it) {
     t_pv = tr.now();
@@ -261,22 +246,22 @@ struct ItemSteps {
     softmax_tile<kExtras>(s, m, l, alpha, ri, tile, tile >= c.n_unmasked, p, c);
     tr.add(kTraceSoftmax, tile, t0, tr.now());
   }
-  // No producer (tma-wgmma): everyone is done with stage st, so thread 0 refills it with tile
-  // it + 2 (tile it + 1 is already in flight in the other stage).
+  // No producer (wgmma, tma-wgmma): everyone is done with tile it's stage, so it is refilled
+  // with tile it + 2 (tile it + 1 is already in flight in the other stage): by thread 0's TMA
+  // copies, or by every thread's cp.async (one group per refill, empty past the last tile).
   __device__ __forceinline__ void refill(int it) {
     __syncthreads();
-    if (threadIdx.x == 0 && it + kStages < n) {
-      const int st = int((kc + uint32_t(it)) % kStages);
-      const int nt = c.walk.tile(it + kStages);
-      fault_delay();
-      load_kv<S>(c, smem, tm_k, S::kK, &bars.full_k[st], st, nt);
-      load_kv<S>(c, smem, tm_v, S::kV, &bars.full_v[st], st, nt);
-      const unsigned long long ti = tr.now();
-      tr.add(kTraceTmaIssueK, nt, ti, ti);
+    const int st = int(bars.k().stage(kc + it));
+    if constexpr (kCp) {
+      if (it + kStages < n)
+        cp_async_kv<S, D, kConsumers * kWGThreads>(c, p, base, st, c.walk.tile(it + kStages));
+      cp_async_commit();
+    } else if (threadIdx.x == 0 && it + kStages < n) {
+      copy.both(st, c.walk.tile(it + kStages));
     }
   }
 
-  // tma-wgmma and warp-specialized: one tile at a time, each GEMM waited for at once.
+  // wgmma, tma-wgmma and warp-specialized: one tile at a time, each GEMM waited for at once.
   __device__ __forceinline__ void mainloop_serial() {
     for (int it = 0; it < n; ++it) {
       const int tile = c.walk.tile(it);
@@ -359,6 +344,17 @@ struct ItemSteps {
     last_pv();
   }
 
+  // intra-overlap's wait for PV_j (j < 0: none was issued), then V_j's stage is free.
+  __device__ __forceinline__ void pv_retire(int j) {
+    wgmma_wait<0>();
+    reg_fence(o);
+    reg_fence(pf);
+    if (j >= 0) {
+      pv_done(c.walk.tile(j));
+      release_v(j);
+    }
+  }
+
   // intra-overlap: softmax_j runs while P_{j-1} V_{j-1} is still on the tensor cores. Step j:
   // [wait for PV_{j-2}; P_{j-1} to 16 bits] issue S_j; rescale O by alpha_{j-1} (under S_j);
   // issue PV_{j-1}; wait for S_j only (wait_group 1); softmax_j. The wait for PV_{j-2} sits at
@@ -368,13 +364,7 @@ struct ItemSteps {
   __device__ __forceinline__ void mainloop_overlap() {
     first_s();
     for (int it = 1; it < n; ++it) {
-      wgmma_wait<0>();  // PV_{it-2} (nothing pending at it = 1)
-      reg_fence(o);
-      reg_fence(pf);
-      if (it >= 2) {
-        pv_done(c.walk.tile(it - 2));
-        release_v(it - 2);
-      }
+      pv_retire(it - 2);  // (nothing pending at it = 1)
       convert_p<T>(pf, s);
       k_wait_before(it);
       sched_wait();
@@ -391,13 +381,7 @@ struct ItemSteps {
       release_q(it);
       softmax(it);
     }
-    wgmma_wait<0>();  // PV_{n-2}
-    reg_fence(o);
-    reg_fence(pf);
-    if (n >= 2) {
-      pv_done(c.walk.tile(n - 2));
-      release_v(n - 2);
-    }
+    pv_retire(n - 2);
     convert_p<T>(pf, s);
     rescale_o<D>(o, alpha);
     last_pv();
@@ -419,11 +403,11 @@ struct ItemSteps {
       lr += __shfl_xor_sync(0xffffffffu, lr, 2);
       inv_l[r] = lr > 0.f ? 1.f / lr : 0.f;  // l = 0: no visible key, O = 0
       if constexpr (kExtras) {
-        if (p.dropout) inv_l[r] *= p.drop_rescale;
+        if (p.score.dropout) inv_l[r] *= p.score.drop_rescale;
       }
       const int row = c.i0 + wg * 64 + warp * 16 + g + 8 * r;
       if (t == 0 && row < M)
-        p.lse[size_t(c.bh) * M + row] = lr > 0.f ? m[r] * p.scale + logf(lr) : kNegInf;
+        p.lse[size_t(c.bh) * M + row] = lr > 0.f ? m[r] * p.score.scale + logf(lr) : kNegInf;
     }
     T* so = reinterpret_cast<T*>(smem + (kPers ? S::kO : S::kQ));
     auto at = [&](int row, int col) {  // element offset of (tile row, column)
@@ -458,9 +442,10 @@ struct ItemSteps {
 // stage O in their own buffer.
 template <class T, int D, int kFlags, int kConsumers, int kStages, bool kExtras, bool kTrace>
 __device__ __forceinline__ void consume_item(const Item& c, int wg, const KParams& p,
-                                             unsigned char* smem, Bars& bars, RingPos& pos,
+                                             unsigned char* smem, Bars<kStages>& bars, RingPos& pos,
                                              const CUtensorMap* tm_k, const CUtensorMap* tm_v,
                                              Trace<kTrace>& tr) {
+  using Steps = ItemSteps<T, D, kFlags, kConsumers, kStages, kExtras, kTrace>;
   const int tid = threadIdx.x % kWGThreads, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const int n = c.walk.n_iter;
@@ -473,11 +458,10 @@ __device__ __forceinline__ void consume_item(const Item& c, int wg, const KParam
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = c.i0 + wg * 64 + warp * 16 + g + 8 * r;
-    ri.limit[r] = p.causal ? min(N, row + 1 + N - M) : N;
+    ri.limit[r] = p.score.causal ? min(N, row + 1 + N - M) : N;
   }
   const uint32_t base = smem_u32(smem);
-  const uint32_t q_addr = base + Smem<D, kConsumers, kStages, (kFlags & kPersist) != 0>::kQ +
-                          wg * 64 * kRowBytes;  // this warpgroup's 64 rows
+  const uint32_t q_addr = base + Steps::S::kQ + wg * 64 * kRowBytes;  // this warpgroup's rows
 
   float o[D / 2], s[kBc / 2], m[2], l[2], alpha[2];
   uint32_t pf[kBc / 16][4];
@@ -487,13 +471,13 @@ __device__ __forceinline__ void consume_item(const Item& c, int wg, const KParam
   for (int r = 0; r < 2; ++r) m[r] = kNegInf, l[r] = 0.f, alpha[r] = 1.f;
 
   unsigned long long t_s = 0, t_pv = 0;
+  const KVCopies<typename Steps::S, kStages, kTrace> copy{c, smem, bars, tm_k, tm_v, tr};
   // clang-format off
-  ItemSteps<T, D, kFlags, kConsumers, kStages, kExtras, kTrace> ic{
-      c, wg, p, smem, bars, tm_k, tm_v, tr, tid, warp, lane, g, t, n, M, kc, vc, base, q_addr,
-      ri, o, s, m, l, alpha, pf, t_s, t_pv};
+  Steps ic{c, wg, p, smem, bars, copy, tr, tid, warp, lane, g, t, n, M, kc, vc, base, q_addr,
+           ri, o, s, m, l, alpha, pf, t_s, t_pv};
   // clang-format on
   if (n > 0) {
-    mbar_wait(&bars.q_full, pos.q & 1);
+    if constexpr (!(kFlags & kCpAsync)) bars.q().wait(pos.q);  // (cp.async: with K_0)
     if constexpr (!(kFlags & kPingPong))
       ic.mainloop_serial();
     else if constexpr (!(kFlags & kIntraOverlap))
@@ -512,7 +496,7 @@ __device__ __forceinline__ void consume_item(const Item& c, int wg, const KParam
 // however many items (or empty items) the CTA gets.
 template <class T, int D, int kFlags, int kConsumers, int kStages, bool kExtras, bool kTrace>
 __device__ __forceinline__ void persistent_consumer(int wg, const KParams& p, unsigned char* smem,
-                                                    Bars& bars, Trace<kTrace>& tr) {
+                                                    Bars<kStages>& bars, Trace<kTrace>& tr) {
   const int lane = threadIdx.x % 32;
   RingPos pos;
   uint32_t taken = 0;
@@ -523,7 +507,7 @@ __device__ __forceinline__ void persistent_consumer(int wg, const KParams& p, un
     const Item c = make_item<64 * kConsumers, kExtras>(p, mt, bh);
     consume_item<T, D, kFlags, kConsumers, kStages, kExtras, kTrace>(c, wg, p, smem, bars, pos,
                                                                      nullptr, nullptr, tr);
-    idx = receive_item(bars, taken, lane);
+    idx = receive_item(bars.sched(), bars.next_item, taken, lane);
   }
   if (wg == 0) bar_sync(kBarSched + 0, 2 * kWGThreads);
 }

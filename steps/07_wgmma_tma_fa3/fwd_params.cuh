@@ -1,16 +1,14 @@
-// Rung 07's forward, what every role shares: the tile sizes and the register split, where the
-// tiles sit in shared memory, the mbarriers, the variant flags, the kernel's parameters, and the
-// two hooks that are no-ops in the normal build: the trace stamps and the fault injection.
+// Rung 07's forward, what every role shares: the tile sizes, where the tiles sit in shared
+// memory, the mbarriers and their rings, the variant flags, the kernel's parameters, and the two
+// hooks that are no-ops in the normal build: the trace stamps and the fault injection.
 // Included by wgmma_tma_fa3.cu only (device code in an unnamed namespace).
 #pragma once
 #include <cuda.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdint>
 
-#include "hopper.cuh"
+#include "fa3.cuh"
 #include "wgmma_tma_fa3.hpp"
 
 // ---- fault injection: a test of the self-test (off unless asked for) -----------------------
@@ -37,10 +35,6 @@
 namespace ladder::fa3 {
 namespace {
 
-using namespace ladder::hopper;
-using bf16 = __nv_bfloat16;
-using fp16 = __half;
-
 constexpr bool kFaultSkipKWait = LADDER_07_FAULT_SKIP_K_WAIT != 0;
 
 // ---- tiles ------------------------------------------------------------------------------
@@ -55,22 +49,9 @@ constexpr bool kFaultSkipKWait = LADDER_07_FAULT_SKIP_K_WAIT != 0;
 //     32 + O 24 = 144 KiB. A third consumer at d = 128 would need 64 (O) + 96 (S, P) > 160.
 //   Larger Bc instead (FA3's 192 at d = 64) would need P through shared memory to fit 160 or
 //     more registers for S: a bigger change for the same aim (more GEMM time per softmax).
-constexpr int kBc = 128;
-constexpr int kWGThreads = 128;
-constexpr int kRowBytes = 128;  // one swizzled row: 64 16-bit elements
 constexpr int kMaxStages = 3, kMaxConsumers = 3;
 constexpr float kNegInf = -INFINITY;
-
-// Register split of the warp-specialised kernels (setmaxnreg): the producer keeps 24, the
-// consumers take the rest. Two consumers: 128 x 24 + 256 x 240 = 64512; three: 128 x 24 +
-// 384 x 160 = 64512; both <= 65536. At launch __launch_bounds__(threads, 1) gives every thread
-// 65536 / threads (168 for 384 threads, 128 for 512).
-constexpr int kProducerRegs = 24;
-constexpr int consumer_regs(int consumers) {
-  return consumers == 2 ? 240 : 160;
-}
-static_assert(kWGThreads * (kProducerRegs + 2 * consumer_regs(2)) <= 65536, "register file");
-static_assert(kWGThreads * (kProducerRegs + 3 * consumer_regs(3)) <= 65536, "register file");
+static_assert(kBarEpilogue >= kBarSched + kMaxConsumers, "a ping-pong id per consumer");
 
 // Byte offsets of the tiles in dynamic shared memory (1024-aligned base).
 template <int D, int kConsumers, int kStages, bool kOwnO>
@@ -90,20 +71,43 @@ struct Smem {
   static_assert(kDynamic <= 227 * 1024, "more shared memory than an H100 block can have");
 };
 
-// The mbarriers (static shared memory). K and V have a full/empty pair per stage; Q a full one
-// and, for the persistent kernels, an empty one; the schedule a two-slot ring of item indices.
+// The mbarriers (static shared memory) and the rings over them (Pipeline, hopper.cuh): Q (one
+// stage: a full barrier, and an empty one that the persistent kernels reload it on), K and V
+// (kStages stages each) and the schedule's two-slot ring of item indices (tile_scheduler.cuh).
+// A ring is made where it is used, so that its barriers' addresses stay constants.
+template <int kStages>
 struct Bars {
   uint64_t q_full, q_empty;
   uint64_t full_k[kMaxStages], full_v[kMaxStages], empty_k[kMaxStages], empty_v[kMaxStages];
   uint64_t sched_full[2], sched_empty[2];
   int next_item[2];
+
+  __device__ __forceinline__ Pipeline<1> q() { return {&q_full, &q_empty}; }
+  __device__ __forceinline__ Pipeline<kStages> k() { return {full_k, empty_k}; }
+  __device__ __forceinline__ Pipeline<kStages> v() { return {full_v, empty_v}; }
+  __device__ __forceinline__ Pipeline<2> sched() { return {sched_full, sched_empty}; }
+  // Every full barrier completes on the producer's one arrive (and the bytes), every empty one
+  // on one release per consumer warp.
+  __device__ __forceinline__ void init(uint32_t consumer_warps) {
+    q().init(1, consumer_warps);
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {  // K's and V's stage by stage
+      mbar_init(&full_k[st], 1);
+      mbar_init(&full_v[st], 1);
+      mbar_init(&empty_k[st], consumer_warps);
+      mbar_init(&empty_v[st], consumer_warps);
+    }
+    sched().init(1, consumer_warps);
+  }
 };
 
-// One bit per idea; a variant is a prefix of them (three-consumers differs from persistent in
-// its warpgroup count, a template parameter).
-enum Flag : int { kWarpSpec = 1, kPingPong = 2, kIntraOverlap = 4, kPersist = 8 };
+// One bit per idea; from tma-wgmma on a variant is a prefix of them (three-consumers differs
+// from persistent in its warpgroup count, a template parameter); the baseline, wgmma, is
+// tma-wgmma with its copies made by cp.async instead of the TMA unit.
+enum Flag : int { kWarpSpec = 1, kPingPong = 2, kIntraOverlap = 4, kPersist = 8, kCpAsync = 16 };
 constexpr int flags_of(Variant v) {
-  return v == Variant::tma_wgmma          ? 0
+  return v == Variant::wgmma              ? kCpAsync
+         : v == Variant::tma_wgmma        ? 0
          : v == Variant::warp_specialized ? kWarpSpec
          : v == Variant::pingpong         ? kWarpSpec | kPingPong
          : v == Variant::intra_overlap    ? kWarpSpec | kPingPong | kIntraOverlap
@@ -113,21 +117,12 @@ constexpr int threads_of(int flags, int consumers) {
   return (consumers + ((flags & kWarpSpec) ? 1 : 0)) * kWGThreads;
 }
 
-// Named barrier ids (0 is __syncthreads): the ping-pong turn of consumer c waits on 1 + c; the
-// epilogue of consumer c syncs its 128 threads on 4 + c.
-constexpr int kBarSched = 1, kBarEpilogue = 1 + kMaxConsumers;
-
 // What the kernel needs besides the tensor maps (by value, in the parameter space).
 struct KParams {
   void* o;
   float* lse;
   int heads, group, seq_q, seq_k;
-  float scale, scale_log2;  // tau and tau log2(e), tau > 0
-  int causal;
-  // dropout (kExtras kernels): keep iff the 16-bit uniform >= threshold; O *= rescale
-  int dropout;
-  uint32_t drop_threshold, seed_lo, seed_hi;
-  float drop_rescale;
+  ScoreParams score;  // dropout (kExtras kernels): O *= drop_rescale
   // block-sparse (kExtras kernels; kv_count null = dense)
   const int* kv_count;
   const int* kv_index;
@@ -137,6 +132,7 @@ struct KParams {
   int n_mt, n_bh, sec_heads, items;
   unsigned int* counter;
   unsigned long long* trace;
+  const void *q, *k, *v;  // the wgmma variant's cp.async sources (the others use the maps)
 };
 
 // ---- trace (compiled only into the kTrace instantiations) -------------------------------
@@ -155,6 +151,11 @@ struct Trace {
   __device__ __forceinline__ unsigned long long now() const {
     if constexpr (kOn) return global_timer_ns();
     return 0;
+  }
+  // An instant (t0 = t1 = now), e.g. a copy issued.
+  __device__ __forceinline__ void mark(int phase, int tile) {
+    const unsigned long long t = now();
+    add(phase, tile, t, t);
   }
   // The writer records (and counts, in n; the other lanes' n is never used).
   __device__ __forceinline__ void add(int phase, int tile, unsigned long long t0,

@@ -86,10 +86,21 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
 // Spin until the phase with parity `parity` has completed (acquire: the TMA data, or the
 // arriving threads' writes, are visible afterwards). The parity of a phase is its index mod 2.
 // Pitfall: on a fresh barrier, parity 1 counts as "the preceding phase" and passes at once.
+// A learner's exercise build (LADDER_EXERCISE_BUILD) gives up after 2^24 polls, seconds where a
+// real wait takes microseconds: a wrong byte count or parity then fails the run with a trap
+// instead of hanging it.
+#if defined(LADDER_EXERCISE_BUILD)
+inline constexpr bool kWaitGivesUp = true;
+#else
+inline constexpr bool kWaitGivesUp = false;
+#endif
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   const uint32_t addr = smem_u32(bar);
-  uint32_t done;
+  uint32_t done, polls = 0;
   do {
+    if constexpr (kWaitGivesUp) {
+      if (++polls == (1u << 24)) __trap();
+    }
     asm volatile(
         "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
         "selp.u32 %0, 1, 0, p;\n}\n"
@@ -97,6 +108,84 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
         : "r"(addr), "r"(parity)
         : "memory");
   } while (!done);
+}
+
+// A ring of kStages buffers between a producer and its consumers (CUTLASS's PipelineTmaAsync):
+// stage s has a full barrier (the producer's arrive or expect_tx, then the copy's bytes) and an
+// empty barrier (the consumers' releases). Both sides count the uses of the ring, 0, 1, 2, ...:
+// use `count` fills stage count % kStages for the (count / kStages)-th time, and completes one
+// phase of each of the stage's two barriers. Each role keeps its own count. The ring only
+// points at the barriers, which live where the kernel puts them (static shared memory, so the
+// pointers are constants once inlined).
+template <int kStages>
+struct Pipeline {
+  uint64_t* full;   // [kStages]
+  uint64_t* empty;  // [kStages]
+
+  static __device__ __forceinline__ uint32_t stage(uint32_t count) { return count % kStages; }
+  // One thread, before the init fence: the arrivals that complete a phase of each barrier.
+  __device__ __forceinline__ void init(uint32_t full_arrivals, uint32_t empty_arrivals) const {
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(&full[st], full_arrivals);
+      mbar_init(&empty[st], empty_arrivals);
+    }
+  }
+  // The parity of the phase that a wait for use `count` must see complete: on `full` (the
+  // consumers), the phase of this use; on `empty` (the producer), the consumers' release of
+  // the stage's previous use.
+  static __device__ __forceinline__ uint32_t parity(uint32_t count, bool on_empty) {
+    // EXERCISE BEGIN ring-parity [hard]
+    // Concept: an mbarrier ring: the phase parity of the k-th use of a stage, and why the
+    // producer's first wait on an empty slot must pass at once.
+    //
+    // Use `count` is use number count / kStages of stage count % kStages, and each use
+    // completes one phase of both of the stage's barriers. The parity of a phase is its index
+    // mod 2. Trap: on use 0 nothing has been released yet, and the producer's wait on `empty`
+    // must still pass: on a fresh barrier, parity 1 counts as the phase before the first.
+    return ((count / kStages) & 1) ^ uint32_t(on_empty);
+    // EXERCISE END
+  }
+  // Producer: wait until stage(count) is free; then fill it, counting on full_bar(count).
+  __device__ __forceinline__ void acquire(uint32_t count) const {
+    mbar_wait(&empty[stage(count)], parity(count, true));
+  }
+  __device__ __forceinline__ uint64_t* full_bar(uint32_t count) const {
+    return &full[stage(count)];
+  }
+  // Producer without a copy: the data is written, the arrive publishes it (release).
+  __device__ __forceinline__ void commit(uint32_t count) const {
+    mbar_arrive_if(&full[stage(count)], true);
+  }
+  // Consumers: wait until use `count` has landed; release it (one arrive per `pred` thread).
+  __device__ __forceinline__ void wait(uint32_t count) const {
+    mbar_wait(&full[stage(count)], parity(count, false));
+  }
+  __device__ __forceinline__ void release(uint32_t count, bool pred) const {
+    mbar_arrive_if(&empty[stage(count)], pred);
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// cp.async (step 06's copies), for the one variant that loads without the TMA unit
+// ---------------------------------------------------------------------------------------
+
+// 16 bytes from global to shared memory, asynchronously, by this thread; `valid` = false
+// fills the 16 bytes with zeros instead (src-size 0: nothing is read, `src` must still be a
+// valid address). Pitfall: what cp.async writes is generic-proxy data, so a wgmma (async proxy)
+// may read it only after cp_async_wait, fence_proxy_async_shared and a barrier.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+               "l"(__cvta_generic_to_global(src)), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -262,43 +351,47 @@ __device__ __forceinline__ void reg_fence(R (&r)[N]) {
 template <class T>
 inline constexpr bool kIsBf16 = std::is_same_v<T, __nv_bfloat16>;
 
+// One wgmma statement: the instruction's shape and types, the N / 2 accumulators, then the
+// operands, numbered after them (asm strings are literals: one expansion per dtype and N).
+#define LADDER_WGMMA_SS(shape_types, D_LIST, ACC, a, b, acc, ta, tb)                \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " acc                              \
+               ", 0;\n"                                                             \
+               "wgmma.mma_async.sync.aligned." shape_types " " D_LIST ", " a ", " b \
+               ", p, 1, 1, " ta ", " tb ";\n}\n"                                    \
+               : ACC(d)                                                             \
+               : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransA), "n"(kTransB))
+#define LADDER_WGMMA_RS(shape_types, D_LIST, ACC, a0, a1, a2, a3, b, acc, tb)                   \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " acc                                          \
+               ", 0;\n"                                                                         \
+               "wgmma.mma_async.sync.aligned." shape_types " " D_LIST ", {" a0 ", " a1 ", " a2  \
+               ", " a3 "}, " b ", p, 1, 1, " tb ";\n}\n"                                        \
+               : ACC(d)                                                                         \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)), \
+                 "n"(kTransB))
+
 // D (64 x N, fp32) = A B + (accumulate ? D : 0) for the warpgroup, "SS": A (64 x 16) and
-// B (16 x N) both from shared memory through descriptors, both K-major here (imm-trans-a = 0;
-// imm-trans-b = kTransB). The instruction only starts the product: wgmma_commit and
+// B (16 x N) both from shared memory through descriptors, K-major unless the transpose bits
+// (imm-trans-a, imm-trans-b; 16-bit types only) say MN-major. MN-major A is stored [K][M] (M
+// contiguous, 64-element rows of 128 bytes, 8-row groups of 1024 bytes): the descriptor is the
+// one of an MN-major B (above) with M in place of N; the backward reads dS from a tile stored as
+// dS^T [key][query] this way. The instruction only starts the product: wgmma_commit and
 // wgmma_wait<> end it. scale-d is a predicate: accumulate = false overwrites D (no zeroing).
-template <class T, int N, int kTransB>
+template <class T, int N, int kTransA, int kTransB>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
                                          bool accumulate) {
   static_assert(N == 64 || N == 128, "the shapes this step uses");
-  if constexpr (N == 64 && kIsBf16<T>) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LADDER_WGMMA_D32
-        ", %32, %33, p, 1, 1, 0, %35;\n}\n"
-        : LADDER_WGMMA_ACC32(d)
-        : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
-  } else if constexpr (N == 64) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " LADDER_WGMMA_D32
-        ", %32, %33, p, 1, 1, 0, %35;\n}\n"
-        : LADDER_WGMMA_ACC32(d)
-        : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
-  } else if constexpr (kIsBf16<T>) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " LADDER_WGMMA_D64
-        ", %64, %65, p, 1, 1, 0, %67;\n}\n"
-        : LADDER_WGMMA_ACC64(d)
-        : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " LADDER_WGMMA_D64
-        ", %64, %65, p, 1, 1, 0, %67;\n}\n"
-        : LADDER_WGMMA_ACC64(d)
-        : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
-  }
+  if constexpr (N == 64 && kIsBf16<T>)
+    LADDER_WGMMA_SS("m64n64k16.f32.bf16.bf16", LADDER_WGMMA_D32, LADDER_WGMMA_ACC32, "%32", "%33",
+                    "%34", "%35", "%36");
+  else if constexpr (N == 64)
+    LADDER_WGMMA_SS("m64n64k16.f32.f16.f16", LADDER_WGMMA_D32, LADDER_WGMMA_ACC32, "%32", "%33",
+                    "%34", "%35", "%36");
+  else if constexpr (kIsBf16<T>)
+    LADDER_WGMMA_SS("m64n128k16.f32.bf16.bf16", LADDER_WGMMA_D64, LADDER_WGMMA_ACC64, "%64", "%65",
+                    "%66", "%67", "%68");
+  else
+    LADDER_WGMMA_SS("m64n128k16.f32.f16.f16", LADDER_WGMMA_D64, LADDER_WGMMA_ACC64, "%64", "%65",
+                    "%66", "%67", "%68");
 }
 
 // The same with A from registers ("RS"): a[0..3] in the A-fragment layout at the top of this
@@ -308,65 +401,18 @@ template <class T, int N, int kTransB>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
                                          bool accumulate) {
   static_assert(N == 64 || N == 128, "the shapes this step uses");
-  if constexpr (N == 64 && kIsBf16<T>) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LADDER_WGMMA_D32
-        ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-        : LADDER_WGMMA_ACC32(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)),
-          "n"(kTransB));
-  } else if constexpr (N == 64) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " LADDER_WGMMA_D32
-        ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-        : LADDER_WGMMA_ACC32(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)),
-          "n"(kTransB));
-  } else if constexpr (kIsBf16<T>) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " LADDER_WGMMA_D64
-        ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
-        : LADDER_WGMMA_ACC64(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)),
-          "n"(kTransB));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " LADDER_WGMMA_D64
-        ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
-        : LADDER_WGMMA_ACC64(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)),
-          "n"(kTransB));
-  }
-}
-
-// D (64 x N, fp32) = A B (+ D) with both operands from shared memory and either one read
-// MN-major (the transpose bits imm-trans-a, imm-trans-b; 16-bit types only). MN-major A is
-// stored [K][M] (M contiguous, 64-element rows of 128 bytes, 8-row groups of 1024 bytes): the
-// descriptor is the one of an MN-major B (above) with M in place of N. The backward
-// reads dS from a tile stored as dS^T [key][query] this way. N = 64 only (what it uses).
-template <class T, int N, int kTransA, int kTransB>
-__device__ __forceinline__ void wgmma_ss_t(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
-                                           bool accumulate) {
-  static_assert(N == 64, "the shape the backward uses");
-  if constexpr (kIsBf16<T>) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LADDER_WGMMA_D32
-        ", %32, %33, p, 1, 1, %35, %36;\n}\n"
-        : LADDER_WGMMA_ACC32(d)
-        : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransA), "n"(kTransB));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " LADDER_WGMMA_D32
-        ", %32, %33, p, 1, 1, %35, %36;\n}\n"
-        : LADDER_WGMMA_ACC32(d)
-        : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransA), "n"(kTransB));
-  }
+  if constexpr (N == 64 && kIsBf16<T>)
+    LADDER_WGMMA_RS("m64n64k16.f32.bf16.bf16", LADDER_WGMMA_D32, LADDER_WGMMA_ACC32, "%32", "%33",
+                    "%34", "%35", "%36", "%37", "%38");
+  else if constexpr (N == 64)
+    LADDER_WGMMA_RS("m64n64k16.f32.f16.f16", LADDER_WGMMA_D32, LADDER_WGMMA_ACC32, "%32", "%33",
+                    "%34", "%35", "%36", "%37", "%38");
+  else if constexpr (kIsBf16<T>)
+    LADDER_WGMMA_RS("m64n128k16.f32.bf16.bf16", LADDER_WGMMA_D64, LADDER_WGMMA_ACC64, "%64", "%65",
+                    "%66", "%67", "%68", "%69", "%70");
+  else
+    LADDER_WGMMA_RS("m64n128k16.f32.f16.f16", LADDER_WGMMA_D64, LADDER_WGMMA_ACC64, "%64", "%65",
+                    "%66", "%67", "%68", "%69", "%70");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -428,6 +474,15 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     const __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&v);
   }
+}
+
+// Two packed 16-bit values (pack2's layout) back to fp32, low half first.
+template <class T>
+__device__ __forceinline__ float2 unpack2(uint32_t v) {
+  if constexpr (kIsBf16<T>)
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+  else
+    return __half22float2(*reinterpret_cast<const __half2*>(&v));
 }
 
 // The transpose of an 8x8 matrix of 16-bit values held in the fragment layout (lane (g, t)

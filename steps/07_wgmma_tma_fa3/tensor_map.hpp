@@ -1,5 +1,6 @@
-// Host side of step 07, shared by the forward and the backward: the TMA tensor maps of
-// [planes, rows, dim] tensors. CUDA errors go through the ladder's CUDA_CHECK (common/).
+// Host side of step 07, shared by the forward and the backward: the device check, the kernel's
+// shared-memory limit, and the TMA tensor maps of [planes, rows, dim] tensors. CUDA errors go
+// through the ladder's CUDA_CHECK (common/).
 #pragma once
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes through the runtime
 #include <cuda_runtime.h>
@@ -29,6 +30,26 @@ inline EncodeTiled tensor_map_encoder() {
     fn = reinterpret_cast<EncodeTiled>(f);
   }
   return fn;
+}
+
+// The current device's properties; throws (naming `who`) unless it is an sm_90 GPU.
+inline cudaDeviceProp require_sm90(const char* who) {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  if (prop.major != 9 || prop.minor != 0)
+    throw std::runtime_error(std::string(who) + ": needs an sm_90 GPU (H100/H200); this is sm_" +
+                             std::to_string(prop.major) + std::to_string(prop.minor));
+  return prop;
+}
+
+// Lets kernel `fn` have `smem` bytes of dynamic shared memory; returns its registers per thread.
+inline int set_smem_limit(const void* fn, int smem) {
+  CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  cudaFuncAttributes attr{};
+  CUDA_CHECK(cudaFuncGetAttributes(&attr, fn));
+  return attr.numRegs;
 }
 
 // A [planes, rows, dim] tensor as a 3-D map {dim, rows, planes} (innermost first), boxes of

@@ -1,15 +1,17 @@
-// Rung 07's forward tile scheduler, in one place: which K/V tiles a work item visits (dense, or
-// the block mask's list), the item a CTA index or a counter value stands for (heaviest causal
-// tiles first, heads in L2-sized sections), and how the persistent producer takes the next item
-// from the counter and hands it to the consumers through a two-slot ring in shared memory.
-// Included by wgmma_tma_fa3.cu only.
+// Rung 07's tile schedulers, in one place: which work a CTA does, forward and backward.
+// Forward: which K/V tiles a work item visits (dense, or the block mask's list), the item a CTA
+// index or a counter value stands for (heaviest causal tiles first, heads in L2-sized sections),
+// and how the persistent producer takes the next item from the counter and hands it to the
+// consumers through a two-slot ring in shared memory. Backward: the K/V tile a CTA owns and its
+// walk over the Q tiles that see it. P is the kernel's parameter struct (KParams of
+// fwd_params.cuh or bwd_params.cuh); each kernel uses its own half.
 #pragma once
-#include "fwd_params.cuh"
+#include "fa3.cuh"
 
 namespace ladder::fa3 {
 namespace {
 
-// ---- the K/V tiles one work item visits ------------------------------------------------
+// ---- forward: the K/V tiles one work item visits ---------------------------------------
 // Dense: tiles 0 .. n_iter-1. Block-sparse: the listed key blocks, each bn_tiles kernel tiles,
 // ascending, cut where the causal limit ends (the visible tiles are a prefix of that walk).
 struct TileWalk {
@@ -29,8 +31,8 @@ struct Item {
 };
 
 // Query tile mt of plane bh = b * heads + h.
-template <int kBr, bool kExtras>
-__device__ __forceinline__ Item make_item(const KParams& p, int mt, int bh) {
+template <int kBr, bool kExtras, class P>
+__device__ __forceinline__ Item make_item(const P& p, int mt, int bh) {
   Item c;
   const int M = p.seq_q, N = p.seq_k;
   c.i0 = mt * kBr;
@@ -40,9 +42,9 @@ __device__ __forceinline__ Item make_item(const KParams& p, int mt, int bh) {
   // Keys this tile sees: all N, or (bottom-right causal: key j visible to query i iff
   // j <= i + N - M) up to the last row's last visible key; tiles past it are never loaded.
   const int last_row = min(c.i0 + kBr, M) - 1;
-  const int n_end = p.causal ? max(0, min(N, last_row + 1 + N - M)) : N;
+  const int n_end = p.score.causal ? max(0, min(N, last_row + 1 + N - M)) : N;
   const int tiles_end = (n_end + kBc - 1) / kBc;
-  c.n_unmasked = (p.causal ? max(0, min(N, c.i0 + 1 + N - M)) : N) / kBc;
+  c.n_unmasked = (p.score.causal ? max(0, min(N, c.i0 + 1 + N - M)) : N) / kBc;
   c.walk.n_iter = tiles_end;
   if constexpr (kExtras) {
     if (p.kv_count) {
@@ -60,10 +62,19 @@ __device__ __forceinline__ Item make_item(const KParams& p, int mt, int bh) {
   return c;
 }
 
+// The one-item kernels' item of this CTA: the last query tiles first (causal: they see the most
+// keys), so that the last wave is made of short ones.
+template <int kBr, bool kExtras, class P>
+__device__ __forceinline__ Item cta_item(const P& p) {
+  return make_item<kBr, kExtras>(p, int(gridDim.x) - 1 - int(blockIdx.x),
+                                 int(blockIdx.z) * p.heads + int(blockIdx.y));
+}
+
 // The persistent kernels' order of work: heads in sections of sec_heads (their K/V stay in L2
 // while the section runs), and inside a section the last query tiles first (causal: the ones
 // that see the most keys), every head of the section at each tile. Item idx -> (mt, bh).
-__device__ __forceinline__ void item_coords(const KParams& p, int idx, int& mt, int& bh) {
+template <class P>
+__device__ __forceinline__ void item_coords(const P& p, int idx, int& mt, int& bh) {
   const int per_section = p.sec_heads * p.n_mt;
   const int sec = idx / per_section, j = idx - sec * per_section;
   const int h0 = sec * p.sec_heads, hs = min(p.sec_heads, p.n_bh - h0);
@@ -76,35 +87,113 @@ __device__ __forceinline__ void item_coords(const KParams& p, int idx, int& mt, 
 // one such index, so the counter is incremented exactly `items` times per launch (items -
 // gridDim.x real ones + gridDim.x final ones): the CTA that receives items - 1 made the last
 // increment and sets the counter back to zero for the next launch. The producer's thread.
-__device__ __forceinline__ int take_next_item(const KParams& p) {
+template <class P>
+__device__ __forceinline__ int take_next_item(const P& p) {
   const unsigned int taken = atomicAdd(p.counter, 1u);
   if (taken == unsigned(p.items) - 1u) atomicExch(p.counter, 0u);
   return int(gridDim.x + taken);
 }
 
 // The producer hands item indices to the consumers through a two-slot ring in shared memory
-// with its own full/empty barriers; `published` and `taken` count the uses on either side.
-__device__ __forceinline__ void publish_item(Bars& bars, uint32_t& published, int idx) {
-  const uint32_t slot = published & 1;
-  mbar_wait(&bars.sched_empty[slot], ((published >> 1) & 1) ^ 1);
-  *reinterpret_cast<volatile int*>(&bars.next_item[slot]) = idx;
-  mbar_arrive_if(&bars.sched_full[slot], true);  // release: the index is visible to waiters
+// (`slots`, with the ring's own full/empty barriers); `published` and `taken` count the uses on
+// either side.
+__device__ __forceinline__ void publish_item(const Pipeline<2>& ring, int* slots,
+                                             uint32_t& published, int idx) {
+  ring.acquire(published);
+  *reinterpret_cast<volatile int*>(&slots[ring.stage(published)]) = idx;
+  ring.commit(published);  // release: the index is visible to waiters
   ++published;
 }
-__device__ __forceinline__ int receive_item(Bars& bars, uint32_t& taken, int lane) {
-  const uint32_t slot = taken & 1;
-  mbar_wait(&bars.sched_full[slot], (taken >> 1) & 1);
-  const int idx = *reinterpret_cast<volatile int*>(&bars.next_item[slot]);
+__device__ __forceinline__ int receive_item(const Pipeline<2>& ring, const int* slots,
+                                            uint32_t& taken, int lane) {
+  ring.wait(taken);
+  const int idx = *reinterpret_cast<const volatile int*>(&slots[ring.stage(taken)]);
   __syncwarp();  // every lane has read the slot before lane 0 frees it
-  mbar_arrive_if(&bars.sched_empty[slot], lane == 0);
+  ring.release(taken, lane == 0);
   ++taken;
   return idx;
 }
 
-// How many K (or V, or Q) tiles a role has loaded or consumed so far: the ring position. A
-// persistent CTA keeps counting across its items, so producer and consumers stay in step.
+// How many K (or V, or Q) tiles a role has loaded or consumed so far: its counts of the rings'
+// uses (Pipeline). A persistent CTA keeps counting across its items, so producer and consumers
+// stay in step.
 struct RingPos {
   uint32_t k = 0, v = 0, q = 0;
+};
+
+// ---- backward: the K/V tile a CTA owns --------------------------------------------------
+// CTA (x, y, z) owns K/V tile x (Bc keys) of K/V head y of batch z; its items are the Q tiles of
+// the group's query heads that see those keys (BwdWalk, below).
+struct Ctx {
+  int j0, hk, b, bhk;  // first key; K/V head; batch; K/V plane b * heads_kv + hk
+  int M, N;
+  unsigned char* smem;  // 1024-aligned base of the dynamic shared memory
+};
+template <class P>
+__device__ __forceinline__ Ctx cta_kv_tile(const P& p, unsigned char* smem) {
+  Ctx c;
+  c.j0 = int(blockIdx.x) * kBc, c.hk = int(blockIdx.y), c.b = int(blockIdx.z);
+  c.bhk = c.b * p.heads_kv + c.hk;
+  c.M = p.seq_q, c.N = p.seq_k;
+  c.smem = smem;
+  return c;
+}
+
+// ---- backward: the items one CTA walks (the producer) -----------------------------------
+// For each query head hh of the group in turn, the Q tiles from i_first (the first tile that sees
+// a key of this K/V tile under the causal mask) to the end; block-sparse: only the tiles of the
+// kept query blocks in that head's mask row for this key block (ascending).
+// Only the position is state (the producer runs on 24 registers): the walk's constants are
+// computed once into shared memory (`k`, the producer's own: bwd_params.cuh's g_walk) and read
+// back when a range ends.
+template <class P, bool kSparse, int kBr>
+struct BwdWalk {
+  int (&k)[4];                // tiles_q, i_first, mask row of head 0, mask row stride per head
+  int hh, tile, tile_end, e;  // e: the next list entry of head hh (dense: 0 or 1)
+
+  __device__ __forceinline__ bool valid(const P& p) const { return hh < p.group; }
+  __device__ __forceinline__ void start(const P& p) {
+    k[0] = (p.seq_q + kBr - 1) / kBr;
+    // Bottom-right causal: key j visible to query i iff j <= i + N - M, so rows below
+    // j0 - (N - M) see no key of this tile (every key < N is seen by the last row).
+    k[1] = p.score.causal ? max(0, int(blockIdx.x) * kBc - (p.seq_k - p.seq_q)) / kBr : 0;
+    if constexpr (kSparse) {
+      // Mask row of (b', h', key block J): (b' mask_heads + h') nJ + J, with b' = 0 if the mask
+      // is shared by the batch, h' = 0 if shared by the heads; query head h = hk group + hh.
+      const int mb = p.mask_batch == 1 ? 0 : int(blockIdx.z);
+      const int mh0 = p.mask_heads == 1 ? 0 : int(blockIdx.y) * p.group;
+      k[2] = (mb * p.mask_heads + mh0) * p.mask_nJ + int(blockIdx.x) / p.bn_tiles;
+      k[3] = p.mask_heads == 1 ? 0 : p.mask_nJ;
+    }
+    hh = 0, e = 0, tile = tile_end = 0;
+    seek(p);
+  }
+  __device__ __forceinline__ void next(const P& p) {
+    if (++tile < tile_end) return;
+    seek(p);
+  }
+  // To the first tile of the next non-empty range: the next list entry of this head (dense: one
+  // entry, all tiles), else the next head's first.
+  __device__ __forceinline__ void seek(const P& p) {
+    const int tiles_q = k[0], i_first = k[1];
+    for (; hh < p.group; ++hh, e = 0) {
+      if (!kSparse || !p.q_count) {
+        if (e++ == 0 && i_first < tiles_q) {
+          tile = i_first, tile_end = tiles_q;
+          return;
+        }
+        continue;
+      }
+      const int row = k[2] + hh * k[3];
+      const int n_e = __ldg(p.q_count + row);
+      while (e < n_e) {
+        const int lo = __ldg(p.q_index + size_t(row) * p.mask_nI + e) * p.bm_tiles;
+        ++e;
+        tile = max(lo, i_first), tile_end = min(lo + p.bm_tiles, tiles_q);
+        if (tile < tile_end) return;
+      }
+    }
+  }
 };
 
 }  // namespace

@@ -66,26 +66,10 @@ __global__ void __launch_bounds__(threads_of(kFlags, kConsumers), 1)
   constexpr bool kPers = kFlags & kPersist;
   using S = Smem<D, kConsumers, kStages, kPers>;
   extern __shared__ unsigned char smem_raw[];
-  __shared__ Bars bars;
-  // 128-byte swizzled tiles must start on 1024-byte boundaries: round the base up.
-  unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-
+  __shared__ Bars<kStages> bars;
+  unsigned char* smem = align_1024(smem_raw);
   if (threadIdx.x == 0) {
-    constexpr uint32_t kConsumerWarps = kConsumers * 4;  // one release per consumer warp
-    mbar_init(&bars.q_full, 1);  // the issuing thread's arrive.expect_tx; then the bytes
-    mbar_init(&bars.q_empty, kConsumerWarps);
-#pragma unroll
-    for (int st = 0; st < kStages; ++st) {
-      mbar_init(&bars.full_k[st], 1);
-      mbar_init(&bars.full_v[st], 1);
-      mbar_init(&bars.empty_k[st], kConsumerWarps);
-      mbar_init(&bars.empty_v[st], kConsumerWarps);
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      mbar_init(&bars.sched_full[i], 1);
-      mbar_init(&bars.sched_empty[i], kConsumerWarps);
-    }
+    bars.init(kConsumers * 4);
     mbarrier_init_fence();
   }
   __syncthreads();
@@ -106,10 +90,7 @@ __global__ void __launch_bounds__(threads_of(kFlags, kConsumers), 1)
                                                                               tr);
     }
   } else {
-    // One item per CTA: the last query tiles first (causal: they see the most keys), so that
-    // the last wave is made of short ones.
-    const Item c = make_item<S::kBr, kExtras>(p, int(gridDim.x) - 1 - int(blockIdx.x),
-                                              int(blockIdx.z) * p.heads + int(blockIdx.y));
+    const Item c = cta_item<S::kBr, kExtras>(p);  // one item per CTA
     RingPos pos;
     if constexpr (kFlags & kWarpSpec) {
       // Roles: warpgroup 0 produces, the others consume. Each role is one branch, with its
@@ -124,17 +105,24 @@ __global__ void __launch_bounds__(threads_of(kFlags, kConsumers), 1)
         consume_item<T, D, kFlags, kConsumers, kStages, kExtras, kTrace>(c, wg - 1, p, smem, bars,
                                                                          pos, &tm_k, &tm_v, tr);
       }
+    } else if constexpr (kFlags & kCpAsync) {
+      // wgmma: every thread copies its share of Q and of the first two K/V tiles (a group per
+      // tile, Q's with the first; empty groups keep the count where there are fewer tiles).
+      constexpr int kThreads = kConsumers * kWGThreads;
+      const uint32_t base = smem_u32(smem);
+      if (c.walk.n_iter > 0) cp_async_q<S, D, kThreads>(c, p, base);
+      for (int it = 0; it < kStages; ++it) {
+        if (it < c.walk.n_iter) cp_async_kv<S, D, kThreads>(c, p, base, it, c.walk.tile(it));
+        cp_async_commit();
+      }
+      consume_item<T, D, kFlags, kConsumers, kStages, kExtras, kTrace>(
+          c, threadIdx.x / kWGThreads, p, smem, bars, pos, &tm_k, &tm_v, tr);
     } else {
       // No roles: thread 0 starts Q and the first two K/V tiles, then computes like the others.
       if (threadIdx.x == 0 && c.walk.n_iter > 0) {
-        load_q<S>(c, smem, &bars.q_full, &tm_q);
-        for (int it = 0; it < kStages && it < c.walk.n_iter; ++it) {
-          fault_delay();
-          load_kv<S>(c, smem, &tm_k, S::kK, &bars.full_k[it], it, c.walk.tile(it));
-          load_kv<S>(c, smem, &tm_v, S::kV, &bars.full_v[it], it, c.walk.tile(it));
-          const unsigned long long ti = tr.now();
-          tr.add(kTraceTmaIssueK, c.walk.tile(it), ti, ti);
-        }
+        load_q<S>(c, smem, bars.q().full_bar(0), &tm_q);
+        const KVCopies<S, kStages, kTrace> copy{c, smem, bars, &tm_k, &tm_v, tr};
+        for (int it = 0; it < kStages && it < c.walk.n_iter; ++it) copy.both(it, c.walk.tile(it));
       }
       __syncwarp();
       consume_item<T, D, kFlags, kConsumers, kStages, kExtras, kTrace>(
@@ -149,13 +137,7 @@ KParams kernel_params(const FwdPlan& plan) {
   KParams k{};
   k.o = f.o, k.lse = f.lse;
   k.heads = f.heads, k.group = f.heads / f.heads_kv, k.seq_q = f.seq_q, k.seq_k = f.seq_k;
-  k.scale = f.scale;
-  k.scale_log2 = float(double(f.scale) * 1.4426950408889634);
-  k.causal = f.causal ? 1 : 0;
-  k.dropout = f.dropout_p > 0.f ? 1 : 0;
-  k.drop_threshold = dropout::threshold(f.dropout_p);
-  k.drop_rescale = float(1.0 / (1.0 - double(f.dropout_p)));
-  k.seed_lo = uint32_t(f.dropout_seed & 0xffffffffu), k.seed_hi = uint32_t(f.dropout_seed >> 32);
+  k.score = score_params(f.scale, f.causal, f.dropout_p, f.dropout_seed);
   k.kv_count = f.kv_count, k.kv_index = f.kv_index;
   k.block_m = f.block_m > 0 ? f.block_m : plan.br;
   k.bn_tiles = f.block_n > 0 ? f.block_n / kBc : 1;
@@ -168,6 +150,7 @@ KParams kernel_params(const FwdPlan& plan) {
   k.items = plan.items;
   k.counter = f.tile_counter;
   k.trace = f.trace;
+  k.q = f.q, k.k = f.k, k.v = f.v;
   return k;
 }
 
@@ -202,24 +185,26 @@ Entry entry() {
           kPers};
 }
 
-constexpr int kBase = 0, kWS = kWarpSpec, kPP = kWarpSpec | kPingPong,
+constexpr int kCp = kCpAsync, kBase = 0, kWS = kWarpSpec, kPP = kWarpSpec | kPingPong,
               kFull = kWarpSpec | kPingPong | kIntraOverlap, kPers = kFull | kPersist;
 // The persistent kernels' stages: three at d = 64 (the tiles are half as long to compute, so
 // the ring must run further ahead; 144 KiB with three consumers), two at d = 128 (192 KiB).
 template <int D>
 inline constexpr int kPersStages = D == 64 ? 3 : 2;
 
-// Instantiation ids: 0..15 = variant * 4 + (fp16 ? 2 : 0) + (d == 128) for the one-item
-// kernels; 16..19 = persistent (two consumers), same order; 20, 21 = three consumers, d = 64,
-// bf16 / fp16; 22..25 = persistent with dropout / block-sparse compiled in; 26, 27, 28 = the
-// trace builds of tma-wgmma, intra-overlap and persistent (bf16, d = 128).
+// Instantiation ids: 0..15 = (variant - tma-wgmma) * 4 + (fp16 ? 2 : 0) + (d == 128) for the
+// TMA one-item kernels; 16..19 = persistent (two consumers), same order; 20, 21 = three
+// consumers, d = 64, bf16 / fp16; 22..25 = persistent with dropout / block-sparse compiled in;
+// 26, 27, 28 = the trace builds of tma-wgmma, intra-overlap and persistent (bf16, d = 128);
+// 29..32 = wgmma (cp.async), in the first order.
 int instantiation_id(Variant v, bool is_bf16, int dim, int seq_q, bool extras, bool trace) {
   const int dt = (is_bf16 ? 0 : 2) + (dim == 128 ? 1 : 0);
   if (trace) return v == Variant::tma_wgmma ? 26 : v == Variant::intra_overlap ? 27 : 28;
   if (extras) return 22 + dt;
   if (query_tile(v, dim, extras, seq_q) == 192) return is_bf16 ? 20 : 21;
   if (is_persistent(v)) return 16 + dt;
-  return int(v) * 4 + dt;
+  if (v == Variant::wgmma) return 29 + dt;
+  return (int(v) - int(Variant::tma_wgmma)) * 4 + dt;
 }
 
 // The one table that picks the instantiation, indexed by instantiation_id().
@@ -253,6 +238,10 @@ constexpr Entry (*kEntries[])() = {
     &entry<bf16, 128, kBase, 2, 2, false, true>,                  // 26
     &entry<bf16, 128, kFull, 2, 2, false, true>,                  // 27
     &entry<bf16, 128, kPers, 2, kPersStages<128>, false, true>,   // 28
+    &entry<bf16, 64, kCp, 2, 2, false, false>,                    // 29
+    &entry<bf16, 128, kCp, 2, 2, false, false>,                   // 30
+    &entry<fp16, 64, kCp, 2, 2, false, false>,                    // 31
+    &entry<fp16, 128, kCp, 2, 2, false, false>,                   // 32
 };
 Entry select(int id) {
   return id >= 0 && id < int(sizeof(kEntries) / sizeof(kEntries[0])) ? kEntries[id]() : Entry{};
@@ -323,13 +312,7 @@ FwdPlan make_plan(const FwdParams& f, Variant v) {
   require(!is_persistent(v) || f.tile_counter != nullptr,
           "the persistent variants need tile_counter (4 bytes of device memory)");
 
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  cudaDeviceProp prop{};
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-  if (prop.major != 9 || prop.minor != 0)
-    throw std::runtime_error("step 07: needs an sm_90 GPU (H100/H200); this is sm_" +
-                             std::to_string(prop.major) + std::to_string(prop.minor));
+  const cudaDeviceProp prop = require_sm90("step 07");
 
   FwdPlan plan{};
   plan.params = f;
@@ -348,10 +331,7 @@ FwdPlan make_plan(const FwdParams& f, Variant v) {
   encode_3d(plan.tensor_maps[0], f.q, t16, 2, f.dim, f.seq_q, f.batch * f.heads, 64, e.br);
   encode_3d(plan.tensor_maps[1], f.k, t16, 2, f.dim, f.seq_k, f.batch * f.heads_kv, 64, kBc);
   encode_3d(plan.tensor_maps[2], f.v, t16, 2, f.dim, f.seq_k, f.batch * f.heads_kv, 64, kBc);
-  CUDA_CHECK(cudaFuncSetAttribute(e.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem));
-  cudaFuncAttributes attr{};
-  CUDA_CHECK(cudaFuncGetAttributes(&attr, e.fn));
-  plan.regs = attr.numRegs;
+  plan.regs = set_smem_limit(e.fn, e.smem);
   if (!e.persistent) {
     plan.grid = dim3(unsigned(n_mt), unsigned(f.heads), unsigned(f.batch));
     return plan;
@@ -397,7 +377,8 @@ std::string describe(const FwdPlan& plan) {
     s << " persistent grid=" << plan.grid.x << " items=" << plan.items
       << " section=" << plan.section_heads << " heads";
   if (plan.instantiation >= 22 && plan.instantiation < 26) s << " extras=dropout+block-sparse";
-  if (plan.instantiation >= 26) s << " trace";
+  if (plan.instantiation >= 26 && plan.instantiation < 29) s << " trace";
+  if (flags_of(plan.variant) & kCpAsync) s << " loads=cp.async";
   if (kFaultSkipKWait) s << " FAULT=skip_k_wait";
   return s.str();
 }

@@ -29,6 +29,7 @@ namespace ladder::fa3 {
 // schedule). kVariants names and describes each once: the step's descriptor (--help,
 // `ladder list`), variant_name() and the self-tests read it. Ladder order, baseline first.
 enum class Variant {
+  wgmma,
   tma_wgmma,
   warp_specialized,
   pingpong,
@@ -42,8 +43,12 @@ struct VariantInfo {
   const char* idea;  // what it adds, in one line
 };
 inline constexpr VariantInfo kVariants[] = {
+    {Variant::wgmma, "wgmma",
+     "wgmma from 128-byte swizzled shared memory, P from registers; K_j, V_j staged by cp.async "
+     "from every thread, no roles (the baseline)"},
     {Variant::tma_wgmma, "tma-wgmma",
-     "TMA tile loads and wgmma, no roles: every thread waits on the barriers (the baseline)"},
+     "+ TMA: one thread issues whole-tile copies that complete on mbarriers, which every "
+     "thread waits on"},
     {Variant::warp_specialized, "warp-specialized",
      "+ a producer warpgroup issuing TMA, full/empty mbarriers, setmaxnreg 24/240"},
     {Variant::pingpong, "pingpong",

@@ -73,11 +73,8 @@
 #include <stdexcept>
 #include <string>
 
-// The roles in the order they were written in (the producer declares the walk's shared state).
-#include "bwd_producer.cuh"
-
 #include "bwd_consumer.cuh"
-#include "dropout.hpp"
+#include "bwd_producer.cuh"
 #include "tensor_map.hpp"
 #include "wgmma_tma_fa3.hpp"
 
@@ -93,26 +90,18 @@ __global__ void __launch_bounds__(kThreads, 1)
                    const __grid_constant__ CUtensorMap tm_do,
                    const __grid_constant__ CUtensorMap tm_dq, const KParams p) {
   extern __shared__ unsigned char smem_raw[];
-  Ctx c;
-  c.j0 = int(blockIdx.x) * kBc, c.hk = int(blockIdx.y), c.b = int(blockIdx.z);
-  c.bhk = c.b * p.heads_kv + c.hk;
-  c.M = p.seq_q, c.N = p.seq_k;
-  // 128-byte swizzled tiles must start on 1024-byte boundaries: round the base up.
-  c.smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  const Ctx c = cta_kv_tile(p, align_1024(smem_raw));  // the K/V tile this CTA owns
 
   if (threadIdx.x == 0) {
     mbar_init(&g_bars.kv, 1);
 #pragma unroll
-    for (int st = 0; st < kStages; ++st) {
-      mbar_init(&g_bars.full_q[st], 1);  // the producer's arrive.expect_tx, then the bytes
+    for (int st = 0; st < kStages; ++st) {  // Q's and dO's rings
+      mbar_init(&g_bars.full_q[st], 1);     // the producer's arrive.expect_tx, then the bytes
       mbar_init(&g_bars.full_do[st], 1);
       mbar_init(&g_bars.empty[st], 2 * 4);  // one arrive per consumer warp
     }
 #pragma unroll
-    for (int w = 0; w < 2; ++w) {
-      mbar_init(&g_bars.dq_full[w], kWGThreads);  // every thread that staged a part of dQ
-      mbar_init(&g_bars.dq_empty[w], 1);          // the writer
-    }
+    for (int w = 0; w < 2; ++w) dq_ring(w).init(kWGThreads, 1);  // every thread that staged dQ
     mbarrier_init_fence();
   }
   __syncthreads();
@@ -207,13 +196,7 @@ KParams kernel_params(const BwdParams& f, int br) {
   k.heads = f.heads, k.heads_kv = f.heads_kv, k.group = f.heads / f.heads_kv;
   k.seq_q = f.seq_q, k.seq_k = f.seq_k;
   k.m_pad = rows_padded(f.seq_q);
-  k.scale = f.scale;
-  k.scale_log2 = float(double(f.scale) * 1.4426950408889634);
-  k.causal = f.causal ? 1 : 0;
-  k.dropout = f.dropout_p > 0.f ? 1 : 0;
-  k.drop_threshold = dropout::threshold(f.dropout_p);
-  k.drop_rescale = float(1.0 / (1.0 - double(f.dropout_p)));
-  k.seed_lo = uint32_t(f.dropout_seed & 0xffffffffu), k.seed_hi = uint32_t(f.dropout_seed >> 32);
+  k.score = score_params(f.scale, f.causal, f.dropout_p, f.dropout_seed);
   k.q_count = f.q_count, k.q_index = f.q_index;
   if (f.q_count) {
     k.mask_nI = (f.seq_q + f.block_m - 1) / f.block_m;
@@ -360,13 +343,7 @@ BwdPlan make_bwd_plan(const BwdParams& f, BwdVariant v) {
     require(f.mask_heads == 1 || f.mask_heads == f.heads, "mask_heads must be 1 or heads");
   }
 
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  cudaDeviceProp prop{};
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-  if (prop.major != 9 || prop.minor != 0)
-    throw std::runtime_error("step 07 backward: needs an sm_90 GPU (H100/H200); this is sm_" +
-                             std::to_string(prop.major) + std::to_string(prop.minor));
+  require_sm90("step 07 backward");
 
   BwdPlan plan{};
   plan.params = f;
@@ -388,10 +365,7 @@ BwdPlan make_bwd_plan(const BwdParams& f, BwdVariant v) {
   encode_3d(plan.tensor_maps[3], f.dout, t16, 2, f.dim, f.seq_q, bh, 64, e.br);
   encode_3d(plan.tensor_maps[4], f.dq_acc, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, f.dim, f.seq_q, bh,
             32, 64);
-  CUDA_CHECK(cudaFuncSetAttribute(e.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem));
-  cudaFuncAttributes attr{};
-  CUDA_CHECK(cudaFuncGetAttributes(&attr, e.fn));
-  plan.regs = attr.numRegs;
+  plan.regs = set_smem_limit(e.fn, e.smem);
   return plan;
 }
 
