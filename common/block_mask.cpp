@@ -80,31 +80,42 @@ BlockMask block_mask_from(const Tensor& t, const Problem& p, const std::string& 
   return m;
 }
 
-BlockLists kv_block_lists(const BlockMask& m) {
+namespace {
+// CSR lists over rows (bh, outer block o) of the mask seen as [batch * heads, outer, inner]:
+// count[r] kept inner blocks, ascending, at index[r * inner ...]; kept(bh, o, i) reads the mask.
+template <class Kept>
+BlockLists csr_lists(int64_t bh, int64_t outer, int64_t inner, Kept kept) {
   BlockLists l;
-  const int64_t rows = m.batch * m.heads * m.q_blocks;
+  const int64_t rows = bh * outer;
   l.count.assign(size_t(rows), 0);
-  l.index.assign(size_t(rows * m.k_blocks), 0);
+  l.index.assign(size_t(rows * inner), 0);
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t J = 0; J < m.k_blocks; ++J)
-      if (m.keep[size_t(r * m.k_blocks + J)])
-        l.index[size_t(r * m.k_blocks + l.count[size_t(r)]++)] = int32_t(J);
+    for (int64_t i = 0; i < inner; ++i)
+      if (kept(r / outer, r % outer, i))
+        l.index[size_t(r * inner + l.count[size_t(r)]++)] = int32_t(i);
   return l;
+}
+}  // namespace
+
+BlockLists kv_block_lists(const BlockMask& m) {
+  return csr_lists(m.batch * m.heads, m.q_blocks, m.k_blocks,
+                   [&](int64_t bh, int64_t I, int64_t J) {
+                     return m.keep[size_t((bh * m.q_blocks + I) * m.k_blocks + J)] != 0;
+                   });
 }
 
 BlockLists q_block_lists(const BlockMask& m) {
-  BlockLists l;
-  const int64_t cols = m.batch * m.heads * m.k_blocks;
-  l.count.assign(size_t(cols), 0);
-  l.index.assign(size_t(cols * m.q_blocks), 0);
-  for (int64_t bh = 0; bh < m.batch * m.heads; ++bh)
-    for (int64_t J = 0; J < m.k_blocks; ++J) {
-      const int64_t c = bh * m.k_blocks + J;
-      for (int64_t I = 0; I < m.q_blocks; ++I)
-        if (m.keep[size_t((bh * m.q_blocks + I) * m.k_blocks + J)])
-          l.index[size_t(c * m.q_blocks + l.count[size_t(c)]++)] = int32_t(I);
-    }
-  return l;
+  return csr_lists(m.batch * m.heads, m.k_blocks, m.q_blocks,
+                   [&](int64_t bh, int64_t J, int64_t I) {
+                     return m.keep[size_t((bh * m.q_blocks + I) * m.k_blocks + J)] != 0;
+                   });
+}
+
+double block_list_bytes(const Problem& p) {
+  if (!p.sparsity.active()) return 0.0;
+  const double rows = double(p.batch) * double(p.heads), qb = double(p.q_blocks()),
+               kb = double(p.k_blocks());
+  return 4.0 * rows * (qb * (1.0 + kb) + (p.backward ? kb * (1.0 + qb) : 0.0));
 }
 
 }  // namespace ladder

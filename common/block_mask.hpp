@@ -52,5 +52,9 @@ struct BlockLists {
 };
 BlockLists kv_block_lists(const BlockMask& m);
 BlockLists q_block_lists(const BlockMask& m);
+// The lists' bytes (int32 counts and indices) for p's mask, at most: the kv lists, and with a
+// backward the q lists too; a mask shared by every batch or head (first dimensions of 1) needs
+// fewer. 0 for a dense problem. What a step that takes the lists counts as workspace.
+double block_list_bytes(const Problem& p);
 
 }  // namespace ladder

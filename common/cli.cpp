@@ -174,9 +174,17 @@ void parse_sparsity(const std::string& spec, const std::string& file, const std:
 }
 
 void add_common_options(CLI::App& app, CommonOptions& o) {
+  // An option in --help group `group`, its value checked by `v`; text: any non-empty value.
+  auto option = [&](const char* flag, auto& value, const char* help, const CLI::Validator& v,
+                    const char* group) {
+    return app.add_option(flag, value, help)->check(v)->group(group);
+  };
+  auto text = [&](const char* flag, std::string& value, const char* help, const char* group) {
+    return option(flag, value, help, nonempty(), group);
+  };
   auto* g = "Problem (with --load the shapes come from the files)";
   auto shape = [&](const char* flag, int64_t& v, const char* help) {
-    return app.add_option(flag, v, help)->check(strict_integer())->group(g);
+    return option(flag, v, help, strict_integer(), g);
   };
   o.shape_opts[0] = shape("--batch", o.p.batch, "batch size B")->capture_default_str();
   o.shape_opts[1] = shape("--heads", o.p.heads, "query heads H")->capture_default_str();
@@ -188,86 +196,57 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_flag("--causal", o.p.causal,
                "bottom-right causal mask: key j visible to query i iff j <= i + N - M")
       ->group(g);
-  app.add_option("--scale", o.p.scale, "softmax scale, finite and non-zero (default 1/sqrt(dim))")
-      ->check(nonzero_finite())
-      ->group(g);
-  app.add_option("--dtype", o.dtype, "fp64 | fp32 | fp16 | bf16 (default: the step's first)")
-      ->check(nonempty())
-      ->group(g);
-  app.add_option("--seed", o.p.seed, "seed of the generated inputs (and of a random block mask)")
-      ->check(unsigned_integer())
-      ->capture_default_str()
-      ->group(g);
-  app.add_option("--inputs", o.inputs,
-                 "generated input kind: normal | large (logits in the hundreds)")
-      ->capture_default_str()
-      ->check(nonempty())
-      ->group(g);
+  option("--scale", o.p.scale, "softmax scale, finite and non-zero (default 1/sqrt(dim))",
+         nonzero_finite(), g);
+  text("--dtype", o.dtype, "fp64 | fp32 | fp16 | bf16 (default: the step's first)", g);
+  option("--seed", o.p.seed, "seed of the generated inputs (and of a random block mask)",
+         unsigned_integer(), g)
+      ->capture_default_str();
+  text("--inputs", o.inputs, "generated input kind: normal | large (logits in the hundreds)", g)
+      ->capture_default_str();
   app.add_flag("--backward", o.p.backward, "also run the backward pass (dQ, dK, dV; needs dO)")
       ->group(g);
-  app.add_option("--dropout", o.p.dropout,
-                 "dropout rate P in [0, 1) on the attention weights (kept ones scaled by 1/(1-P))")
-      ->check(real_in(0.0, 1.0, true))
-      ->group(g);
-  app.add_option("--dropout-seed", o.p.dropout_seed, "seed of the dropout mask (Philox4x32-10)")
-      ->check(unsigned_integer())
-      ->capture_default_str()
-      ->group(g);
-  app.add_option("--block-sparsity", o.block_sparsity,
-                 "a generated block mask: random:RHO (each block kept with probability RHO, "
-                 "seeded by --seed) or local:W (a band of W key blocks ending at the diagonal)")
-      ->type_name("SPEC")
-      ->check(nonempty())
-      ->group(g);
-  app.add_option("--block-mask", o.block_mask,
-                 "a block mask .npy of 0/1, shaped [B or 1, H or 1, ceil(M/Bm), ceil(N/Bn)]")
-      ->type_name("FILE")
-      ->check(nonempty())
-      ->group(g);
-  app.add_option("--mask-block", o.mask_block, "the mask's block Bm x Bn: N or NxM (default 128)")
-      ->type_name("BLOCK")
-      ->check(nonempty())
-      ->group(g);
+  option("--dropout", o.p.dropout,
+         "dropout rate P in [0, 1) on the attention weights (kept ones scaled by 1/(1-P))",
+         real_in(0.0, 1.0, true), g);
+  option("--dropout-seed", o.p.dropout_seed, "seed of the dropout mask (Philox4x32-10)",
+         unsigned_integer(), g)
+      ->capture_default_str();
+  text("--block-sparsity", o.block_sparsity,
+       "a generated block mask: random:RHO (each block kept with probability RHO, seeded by "
+       "--seed) or local:W (a band of W key blocks ending at the diagonal)",
+       g)
+      ->type_name("SPEC");
+  text("--block-mask", o.block_mask,
+       "a block mask .npy of 0/1, shaped [B or 1, H or 1, ceil(M/Bm), ceil(N/Bn)]", g)
+      ->type_name("FILE");
+  text("--mask-block", o.mask_block, "the mask's block Bm x Bn: N or NxM (default 128)", g)
+      ->type_name("BLOCK");
 
   auto* io = "Files";
-  app.add_option("--load", o.load, "read q.npy, k.npy, v.npy (and do.npy with --backward) from DIR")
-      ->type_name("DIR")
-      ->check(nonempty())
-      ->group(io);
-  app.add_option("--save", o.save,
-                 "write o.npy, lse.npy (and dq/dk/dv.npy) as float32 to DIR, all or none; other "
-                 "output files of an earlier run in DIR are removed")
-      ->type_name("DIR")
-      ->check(nonempty())
-      ->group(io);
+  text("--load", o.load, "read q.npy, k.npy, v.npy (and do.npy with --backward) from DIR", io)
+      ->type_name("DIR");
+  text("--save", o.save,
+       "write o.npy, lse.npy (and dq/dk/dv.npy) as float32 to DIR, all or none; other output "
+       "files of an earlier run in DIR are removed",
+       io)
+      ->type_name("DIR");
   app.add_flag("--save-f64", o.save_f64, "write float64 instead (to check the oracle itself)")
       ->group(io);
 
   auto* rg = "Running";
-  app.add_option("--repeats", o.repeats,
-                 "timed repetitions, median reported (default: CPU 3, GPU 20)")
-      ->check(integer_in(1, 1000000))
-      ->group(rg);
-  app.add_option("--warmup", o.warmup, "untimed runs first (default: CPU 1, GPU 3)")
-      ->check(integer_in(0, 1000000))
-      ->group(rg);
-  app.add_option("--variant", o.run.variant,
-                 "a variant of the step's algorithm (see the step's list)")
-      ->check(nonempty())
-      ->group(rg);
-  app.add_option("--tile-q", o.run.tile_q,
-                 "Br, query rows per tile, for tiled steps (0: the step's choice)")
-      ->check(integer_in(0, 1 << 30))
-      ->group(rg);
-  app.add_option("--tile-k", o.run.tile_k,
-                 "Bc, keys per tile, for tiled steps (0: the step's choice)")
-      ->check(integer_in(0, 1 << 30))
-      ->group(rg);
-  app.add_option("--check", o.check,
-                 "auto | full | sampled | none: check against the float64 oracle")
-      ->capture_default_str()
-      ->check(nonempty())
-      ->group(rg);
+  option("--repeats", o.repeats, "timed repetitions, median reported (default: CPU 3, GPU 20)",
+         integer_in(1, 1000000), rg);
+  option("--warmup", o.warmup, "untimed runs first (default: CPU 1, GPU 3)", integer_in(0, 1000000),
+         rg);
+  text("--variant", o.run.variant, "a variant of the step's algorithm (see the step's list)", rg);
+  option("--tile-q", o.run.tile_q,
+         "Br, query rows per tile, for tiled steps (0: the step's choice)", integer_in(0, 1 << 30),
+         rg);
+  option("--tile-k", o.run.tile_k, "Bc, keys per tile, for tiled steps (0: the step's choice)",
+         integer_in(0, 1 << 30), rg);
+  text("--check", o.check, "auto | full | sampled | none: check against the float64 oracle", rg)
+      ->capture_default_str();
   app.add_flag("-v,--verbose", o.run.verbose, "print what the step chose")->group(rg);
 }
 

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <utility>
 
+#include "block_mask.hpp"
 #include "cuda_util.cuh"
 
 namespace ladder {
@@ -73,6 +74,18 @@ class GpuRun {
     return result;
   }
 
+  // The run's tensors into a kernel's parameter block (the field names the kernels of steps 05
+  // to 07 share): Q, K, V, O, LSE for the forward; with dO, dQ, dK, dV for the backward.
+  template <class Params>
+  void forward_tensors(Params& k) const {
+    k.q = q.get(), k.k = this->k.get(), k.v = v.get(), k.o = o.get(), k.lse = lse.get();
+  }
+  template <class Params>
+  void backward_tensors(Params& k) const {
+    forward_tensors(k);
+    k.dout = dout.get(), k.dq = dq.get(), k.dk = dk.get(), k.dv = dv.get();
+  }
+
   DeviceBuffer<T> q, k, v, o, dout, dq, dk, dv;
   DeviceBuffer<float> lse;
   RunResult result;
@@ -81,5 +94,41 @@ class GpuRun {
   const Problem& p_;
   const RunOptions& opt_;
 };
+
+// Calls f(T()) with T the device type of a 16-bit dtype, __nv_bfloat16 for bf16 and __half for
+// fp16: how the tensor-core steps pick their run_typed<T>.
+template <class F>
+auto with_16bit_type(DType t, F&& f) {
+  return t == DType::bf16 ? f(__nv_bfloat16()) : f(__half());
+}
+
+// A block mask's CSR lists (common/block_mask.hpp) on the device, built and uploaded once,
+// outside the timed region, as FlexAttention builds its BlockMask once. Empty without a mask.
+struct DeviceBlockLists {
+  DeviceBuffer<int32_t> count, index;
+  DeviceBlockLists() = default;
+  explicit DeviceBlockLists(const BlockLists& l) : count(l.count.size()), index(l.index.size()) {
+    count.upload(l.count);
+    index.upload(l.index);
+  }
+  double bytes() const { return double(count.bytes() + index.bytes()); }
+};
+
+// The fields the kernel parameters of steps 05 and 06 share (FwdParams and BwdParams): the
+// problem's shape, causal mask and dropout, and a block mask's lists when there is one.
+template <class Params>
+void set_problem(Params& k, const Problem& p) {
+  k.batch = int(p.batch), k.heads = int(p.heads), k.heads_kv = int(p.heads_kv);
+  k.group = int(p.group()), k.seq_q = int(p.seq_q), k.seq_k = int(p.seq_k);
+  k.causal = p.causal;
+  k.dropout_p = p.dropout, k.dropout_seed = p.dropout_seed;
+}
+template <class Params>
+void set_block_mask(Params& k, const DeviceBlockLists& l, const BlockMask& m) {
+  k.blk_count = l.count.get(), k.blk_index = l.index.get();
+  k.mask_batch = int(m.batch), k.mask_heads = int(m.heads);
+  k.mask_q_blocks = int(m.q_blocks), k.mask_k_blocks = int(m.k_blocks);
+  k.mask_block_q = int(m.block_q), k.mask_block_k = int(m.block_k);
+}
 
 }  // namespace ladder

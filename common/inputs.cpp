@@ -38,12 +38,8 @@ Outputs Outputs::poisoned(const Problem& p) {
 }
 
 bool parse_input_kind(const std::string& s, InputKind& out) {
-  if (s == "normal")
-    out = InputKind::normal;
-  else if (s == "large")
-    out = InputKind::large;
-  else
-    return false;
+  if (s != "normal" && s != "large") return false;
+  out = s == "normal" ? InputKind::normal : InputKind::large;
   return true;
 }
 

@@ -1,15 +1,19 @@
 // The step descriptor: what a rung is and what it supports, in one place. Every step folder
-// defines one `const Step& step_NN()` (declared in steps/steps.hpp). The step program, the
-// `ladder` driver, `--help`, `ladder list` and the Catch2 harness all read it; the runner
-// (runner/program.*) checks a problem against it before anything is allocated, so a step's
-// run() receives a problem it supports and does not check it again.
+// defines one `const Step& step_NN()` (declared in steps/steps.hpp), written with StepBuilder
+// (below) as a list of the step's facts. The step program, the `ladder` driver, `--help`,
+// `ladder list` and the Catch2 harness all read it; the runner (runner/program.*) resolves a
+// problem against it once, before anything is allocated (Step::resolve: the variant, the tiles,
+// the limits), so a step's run() receives a problem it supports and the options it resolved,
+// and checks neither again.
 #pragma once
 #include <cstddef>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "device.hpp"
+#include "dims.hpp"
 #include "inputs.hpp"
 #include "problem.hpp"
 
@@ -54,6 +58,7 @@ struct RunOptions {
   int warmup = 0;              // untimed runs first
   int tile_q = 0, tile_k = 0;  // Br, Bc: 0 asks for the step's choice; run() sees the choice
   bool verbose = false;
+  DeviceInfo device;  // the device the runner checked the run against (empty for a CPU step)
 };
 
 // The tiles (Br query rows, Bc keys) a run uses; 0 for an untiled step.
@@ -92,19 +97,66 @@ struct Step {
 
   DType default_dtype() const { return caps.dtypes.front(); }
   const Variant* find_variant(const std::string& v) const;  // empty: the default
+  // The options a run of p uses on `dev`: the variant named, the tiles chosen by tiles() and
+  // checked against the mask block, the device recorded. With DeviceInfo{} (no device yet), as
+  // far as the step can tell without one (a rule that reads the device's shared memory leaves
+  // its tile at 0). Throws BadInput naming what is supported.
+  RunOptions resolve(const Problem& p, const RunOptions& o, const DeviceInfo& dev) const;
   // Empty if the step (and its variant and tile options) can run p on some machine; else why
-  // not, naming what is supported. Needs no device.
+  // not: resolve()'s message without a device.
   std::string unsupported(const Problem& p, const RunOptions& o = {}) const;
-  // The same for this device: tiles (and what they imply) that depend on the device.
-  std::string unsupported_on(const Problem& p, const RunOptions& o, const DeviceInfo& dev) const;
   // Empty if the step's code runs on this device (its compute capability), else why not.
   std::string wrong_device(const DeviceInfo& dev) const;
-  // The tiles the run would use on `dev` (Tiles{} for an untiled step); throws BadInput.
-  Tiles tiles_for(const Problem& p, const RunOptions& o, const DeviceInfo& dev) const;
   std::string capabilities_str() const;
   // Whether the backward pass covers head dim d.
   bool backward_supports(int64_t d) const;
   const char* device_name() const { return device == Device::cpu ? "CPU" : "CUDA"; }
+};
+
+// Builds a descriptor as the list of the step's facts, each named once:
+//
+//   static const Step s = StepBuilder(2, "02_online_softmax", Device::cpu, "one-line summary")
+//                             .adds({...}).dtypes({DType::f32}).dropout().block_sparse()
+//                             .variants({...}).run(run);
+//
+// What a fact leaves unnamed keeps Capabilities' default (causal and GQA on; no backward,
+// dropout or block masks; no limits beyond the contract's).
+class StepBuilder {
+ public:
+  // The step's number, folder name, device and one-line summary.
+  StepBuilder(int number, std::string name, Device device, std::string summary);
+  StepBuilder& adds(std::vector<std::string> ideas);
+  StepBuilder& dtypes(std::vector<DType> ts);  // the first is the default
+  template <size_t N>
+  StepBuilder& dtypes(const DType (&ts)[N]) {
+    return dtypes(std::vector<DType>(std::begin(ts), std::end(ts)));
+  }
+  StepBuilder& head_dims(std::vector<int64_t> dims);
+  template <int... Ds>
+  StepBuilder& head_dims(Dims<Ds...>) {
+    return head_dims(Dims<Ds...>::list());
+  }
+  StepBuilder& max_dim(int64_t d);
+  // A backward pass, for every head dim of the forward or for `dims` only.
+  StepBuilder& backward(std::vector<int64_t> dims = {});
+  template <int... Ds>
+  StepBuilder& backward(Dims<Ds...>) {
+    return backward(Dims<Ds...>::list());
+  }
+  StepBuilder& dropout();
+  StepBuilder& block_sparse();
+  StepBuilder& max_sizes(int64_t batch, int64_t heads, int64_t seq);
+  StepBuilder& max_sizes(const GridLimits& l) { return max_sizes(l.batch, l.heads, l.seq); }
+  StepBuilder& compute_capability(int min_cc, int max_cc);
+  StepBuilder& limits(std::string words);
+  StepBuilder& variants(std::vector<Variant> vs);
+  StepBuilder& tiles(std::function<Tiles(const Problem&, const RunOptions&, const DeviceInfo&)> f);
+  StepBuilder& workspace(std::function<double(const Problem&, const RunOptions&)> f);
+  StepBuilder& run(RunFn f);
+  operator Step() const { return step_; }
+
+ private:
+  Step step_;
 };
 
 // Median of timings (copies; fine for the few repeats we take).

@@ -6,7 +6,7 @@ ninja) when the package is installed from the repository: `pip install ./python`
                 repository's .deps/include/eigen3, else /usr/include/eigen3). Always built.
   _ladder_cuda  the GPU rungs: csrc/ops_cuda.cpp (g++, torch headers) and each rung's adaptor
                 (nvcc for a .cu that instantiates the rung's kernel headers, no torch headers;
-                one file per head dim so that ninja compiles them in parallel), plus rung 07's
+                rung 06's split into parts that ninja compiles in parallel), plus rung 07's
                 kernel files, for the architecture the rungs' rows name (sm_90a). Built where
                 PyTorch has CUDA and nvcc is found; LADDER_TORCH_CUDA=0 skips it, =1 insists.
 

@@ -5,6 +5,7 @@
 #include <limits>
 #include <random>
 #include <sstream>
+#include <utility>
 
 #include "error.hpp"
 #include "oracle.hpp"
@@ -60,17 +61,13 @@ ErrorStats compare(const std::vector<double>& got, const std::vector<double>& re
 }
 
 bool parse_check_mode(const std::string& s, CheckMode& out) {
-  if (s == "auto")
-    out = CheckMode::automatic;
-  else if (s == "full")
-    out = CheckMode::full;
-  else if (s == "sampled")
-    out = CheckMode::sampled;
-  else if (s == "none")
-    out = CheckMode::none;
-  else
-    return false;
-  return true;
+  static const std::pair<const char*, CheckMode> names[] = {{"auto", CheckMode::automatic},
+                                                            {"full", CheckMode::full},
+                                                            {"sampled", CheckMode::sampled},
+                                                            {"none", CheckMode::none}};
+  for (const auto& [name, mode] : names)
+    if (s == name) return out = mode, true;
+  return false;
 }
 
 std::string index_str(const std::vector<int64_t>& shape, int64_t flat) {

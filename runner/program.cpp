@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <iostream>
 #include <limits>
+#include <stdexcept>
 
 #include "device.hpp"
 #include "error.hpp"
@@ -265,61 +266,62 @@ double device_bytes_needed(const Step& s, const Problem& p, const RunOptions& ro
          2.0 * double(dev.l2_bytes);  // time_gpu_ms's L2 flush buffer
 }
 
-RunOptions prepare_host(const Step& s, const Problem& p, const RunOptions& ro, CheckMode mode,
-                        bool inputs_exist) {
+Prepared prepare_host(const Step& s, const Problem& p, const RunOptions& ro, CheckMode mode,
+                      bool inputs_exist) {
+  Prepared r;
+  r.options = s.resolve(p, ro, DeviceInfo{});
+  // A CUDA step's tiles may depend on the device (its shared memory): prepare_device chooses
+  // them from what was asked.
+  if (s.device == Device::cuda) r.options.tile_q = ro.tile_q, r.options.tile_k = ro.tile_k;
+  require_host_memory(host_bytes_needed(s, p, r.options, mode, inputs_exist),
+                      "this run of " + s.name);
+  return r;
+}
+
+Prepared prepare_device(const Step& s, const Problem& p, const Prepared& host) {
+  Prepared r = host;
+  r.device_checked = true;
+  if (s.device != Device::cuda) return r;   // the host half resolved everything
+  const DeviceInfo dev = require_device();  // NoDevice: exit 3
+  if (const std::string why = s.wrong_device(dev); !why.empty()) throw NoDevice(why);
+  r.options = s.resolve(p, host.options, dev);
+  const double need = device_bytes_needed(s, p, r.options, dev);
+  if (need > 0.95 * double(dev.free_bytes))
+    throw BadInput(s.name + " needs about " + gib(need) +
+                   " of device memory (inputs, outputs, workspace and the L2 flush buffer); " +
+                   gib(double(dev.free_bytes)) + " are free on " + dev.name);
+  return r;
+}
+
+Prepared prepare(const Step& s, const Problem& p, const RunOptions& ro, CheckMode mode,
+                 bool inputs_exist) {
   if (const std::string bad = p.validate(); !bad.empty()) throw BadInput(bad);
-  if (const std::string why = s.unsupported(p, ro); !why.empty()) throw BadInput(why);
-  RunOptions r = ro;
-  r.variant = s.find_variant(ro.variant)->name;
-  // The tiles known without a device (compiled ones, or the flags) against the mask block.
-  if (const std::string why = s.unsupported_on(p, r, DeviceInfo{}); !why.empty())
-    throw BadInput(why);
-  require_host_memory(host_bytes_needed(s, p, r, mode, inputs_exist), "this run of " + s.name);
-  return r;
-}
-
-RunOptions prepare_device(const Step& s, const Problem& p, const RunOptions& ro) {
-  RunOptions r = ro;
-  DeviceInfo dev;
-  if (s.device == Device::cuda) {
-    dev = require_device();  // NoDevice: exit 3
-    if (const std::string why = s.wrong_device(dev); !why.empty()) throw NoDevice(why);
-  }
-  if (const std::string why = s.unsupported_on(p, r, dev); !why.empty()) throw BadInput(why);
-  if (s.device == Device::cuda) {
-    const double need = device_bytes_needed(s, p, r, dev);
-    if (need > 0.95 * double(dev.free_bytes))
-      throw BadInput(s.name + " needs about " + gib(need) +
-                     " of device memory (inputs, outputs, workspace and the L2 flush buffer); " +
-                     gib(double(dev.free_bytes)) + " are free on " + dev.name);
-  }
-  const Tiles t = s.tiles_for(p, r, dev);
-  r.tile_q = t.q, r.tile_k = t.k;
-  return r;
-}
-
-RunOptions prepare(const Step& s, const Problem& p, const RunOptions& ro, CheckMode mode,
-                   bool inputs_exist) {
   return prepare_device(s, p, prepare_host(s, p, ro, mode, inputs_exist));
 }
 
-CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const RunOptions& ro,
+CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const Prepared& run,
                        CheckMode mode, Outputs& out) {
-  const RunOptions r = prepare(s, p, ro, mode, true);
-  check_input_range(p, in);
+  if (!run.device_checked)
+    throw std::logic_error("run_checked: " + s.name + "'s run was not prepared for the device");
   CheckedRun c;
   out.poison(p);
-  c.result = s.run(p, in, out, r);
+  c.result = s.run(p, in, out, run.options);
   c.check = verify(p, in, out, mode);
+  return c;
+}
+
+CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const Prepared& run,
+                       CheckMode mode) {
+  Outputs out;
+  CheckedRun c = run_checked(s, p, in, run, mode, out);
+  c.out = std::move(out);
   return c;
 }
 
 CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const RunOptions& ro,
                        CheckMode mode) {
-  Outputs out;
-  CheckedRun c = run_checked(s, p, in, ro, mode, out);
-  c.out = std::move(out);
-  return c;
+  check_input_range(p, in);
+  return run_checked(s, p, in, prepare(s, p, ro, mode, true), mode);
 }
 
 const std::vector<std::string>& output_names() {
@@ -361,12 +363,13 @@ int run_step_cli(const Step& s, const CommonOptions& o) {
     // inputs exist, then the inputs' values; then the device, its memory and its tiles.
     Problem p = resolve_problem(o, s.default_dtype());
     const CheckMode mode = check_options(o, p);
-    RunOptions ro = prepare_host(s, p, resolve_run_options(s, o), mode, false);
+    const Prepared host = prepare_host(s, p, resolve_run_options(s, o), mode, false);
     const Inputs in = obtain_inputs(o, p);
-    ro = prepare_device(s, p, ro);
+    const Prepared run = prepare_device(s, p, host);
+    const RunOptions& ro = run.options;
 
     std::cout << s.name << " [" << ro.variant << "]: " << p.describe() << "\n";
-    CheckedRun c = run_checked(s, p, in, ro, mode);
+    CheckedRun c = run_checked(s, p, in, run, mode);
     if (!c.result.config.empty()) std::cout << "  config: " << c.result.config << "\n";
     std::cout << "  check vs float64 oracle (" << c.check.mode << ")\n" << c.check.summary();
 

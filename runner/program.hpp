@@ -45,22 +45,30 @@ void check_save_target(const std::string& dir, const std::string& flag);
 // BadInput naming the bound; every step program, compare and bench reach it through the runner.
 void check_input_range(const Problem& p, const Inputs& in);
 
-// The device-free half of prepare() (below): validated, supported, variant resolved, tiles
-// known without a device checked against the mask block, host memory. Throws BadInput.
-RunOptions prepare_host(const Step& s, const Problem& p, const RunOptions& ro, CheckMode mode,
-                        bool inputs_exist);
-// The device half: the device is there (NoDevice), suits the step, has the memory; the tiles
-// resolved. Throws BadInput or NoDevice.
-RunOptions prepare_device(const Step& s, const Problem& p, const RunOptions& ro);
+// One run as the runner resolved it against the step's descriptor and this machine, once,
+// before anything big is allocated: the options run() receives (the variant named, the tiles
+// chosen, the device found). run_checked() runs it as it is, checking nothing again.
+struct Prepared {
+  RunOptions options;
+  bool device_checked = false;  // prepare_device() has run (the last half)
+};
 
-// Everything that can be known before the inputs exist: the problem is one the step supports
-// (capabilities, variant, tiles, limits), the host has the memory the run and its check need,
-// and, for a CUDA step, a device is there (NoDevice, exit 3), is one the step runs on, and has
-// the device memory. Returns the options with the variant and the tiles resolved (what run()
-// sees). Throws BadInput or NoDevice; allocates nothing. `inputs_exist`: the inputs are
-// already in memory (do not count them again).
-RunOptions prepare(const Step& s, const Problem& p, const RunOptions& ro, CheckMode mode,
-                   bool inputs_exist = false);
+// The device-free half of prepare() (below): supported (capabilities, variant, the tiles that
+// are known without a device, limits), and the host memory. `p` is valid (Problem::validate:
+// check_options() or prepare() checked it). Throws BadInput.
+Prepared prepare_host(const Step& s, const Problem& p, const RunOptions& ro, CheckMode mode,
+                      bool inputs_exist);
+// The device half: for a CUDA step, the device is there (NoDevice), suits the step and has the
+// memory, and the tiles are chosen for it. Throws BadInput or NoDevice.
+Prepared prepare_device(const Step& s, const Problem& p, const Prepared& host);
+
+// Everything that can be known before the inputs exist, in one pass: the problem is valid and
+// one the step supports (capabilities, variant, tiles, limits), the host has the memory the run
+// and its check need, and, for a CUDA step, a device is there (NoDevice, exit 3), is one the
+// step runs on, and has the device memory. Throws BadInput or NoDevice; allocates nothing.
+// `inputs_exist`: the inputs are already in memory (do not count them again).
+Prepared prepare(const Step& s, const Problem& p, const RunOptions& ro, CheckMode mode,
+                 bool inputs_exist = false);
 
 // Host bytes of a run's float64 tensors (inputs unless they exist, outputs, and the check's
 // oracle and yardstick outputs) and of the check's scratch (reference/oracle.cpp, plain.cpp).
@@ -93,15 +101,21 @@ size_t stage_outputs(NpyWriteSet& set, const std::string& dir, const Outputs& ou
 // The output names a save replaces (what a forward-only save removes when stale).
 const std::vector<std::string>& output_names();
 
-// prepare(), then runs the step on poisoned outputs and verifies them.
-CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const RunOptions& ro,
+// Runs a prepared run on poisoned outputs and verifies them. The inputs' values are the
+// caller's to check (obtain_inputs() or check_input_range()).
+CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const Prepared& run,
                        CheckMode mode);
 
 // The same on caller-owned outputs, for a sweep (ladder bench): `out` is re-poisoned in place
 // (Outputs::poison), so points of one size do not allocate (and page in) fresh output tensors
 // each time. The outputs are left in `out`; the result's out stays empty.
-CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const RunOptions& ro,
+CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const Prepared& run,
                        CheckMode mode, Outputs& out);
+
+// All in one, for a caller that holds inputs and options: check_input_range(), prepare(), and
+// the run above.
+CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const RunOptions& ro,
+                       CheckMode mode);
 
 // Achieved rates of a run (by the field's FLOP convention, times the block mask's density, and
 // compulsory bytes).

@@ -6,6 +6,7 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -13,6 +14,7 @@
 
 #include "cases.hpp"
 #include "device.hpp"
+#include "error.hpp"
 #include "exercise.hpp"
 #include "program.hpp"
 #include "rungs.hpp"
@@ -20,51 +22,76 @@
 
 namespace {
 const ladder::Step* g_step = nullptr;
-
-// The device a CUDA step runs on (its tiles may depend on it); nothing for a CPU step.
-ladder::DeviceInfo require_device_if(const ladder::Step& s) {
-  return s.device == ladder::Device::cuda ? ladder::require_device() : ladder::DeviceInfo{};
-}
 constexpr int kSkipped = 77;
+
+// One run of a shared case: the case in one dtype and one checked variant, resolved against the
+// step's descriptor once (its device half runs in the run's section).
+struct Job {
+  std::string label;
+  ladder::Problem p;
+  const ladder::Case* c;
+  ladder::Prepared host;
+};
+
+// The step's runs of the shared cases, and the cases and variants it does not run, with why:
+// worked out once, as Catch2 enters the test case once per section.
+struct Plan {
+  std::vector<Job> jobs;
+  std::vector<std::string> not_run;
+};
+
+const Plan& plan_of(const ladder::Step& s) {
+  using namespace ladder;
+  static const Plan plan = [&s] {
+    Plan pl;
+    for (const Case& c : shared_cases())
+      for (DType t : s.caps.dtypes) {
+        Problem p = c.p;
+        p.dtype = t;
+        p.backward = s.backward_supports(p.dim);  // else the case runs forward only
+        const std::string name = c.name + " " + dtype_name(t);
+        const std::string label = name + (p.backward ? " fwd+bwd" : " fwd");
+        std::vector<std::string> why;  // per checked variant: why not, or empty
+        for (const Variant& v : s.variants) {
+          if (!v.checked) continue;
+          RunOptions ro;
+          ro.variant = v.name, ro.repeats = 1, ro.warmup = 0;
+          try {
+            pl.jobs.push_back({label + " [" + v.name + "]", p, &c,
+                               prepare_host(s, p, ro, CheckMode::full, false)});
+            why.push_back("");
+          } catch (const BadInput& e) {
+            why.push_back(e.what());
+          }
+        }
+        // A case no variant runs for the same reason is said once, else per variant.
+        const bool none = std::all_of(why.begin(), why.end(), [&](const std::string& w) {
+          return !w.empty() && w == why.front();
+        });
+        if (none && !why.empty()) {
+          pl.not_run.push_back(name + ": " + why.front());
+          continue;
+        }
+        size_t i = 0;
+        for (const Variant& v : s.variants)
+          if (v.checked && !why[i++].empty())
+            pl.not_run.push_back(name + " [" + v.name + "]: " + why[i - 1]);
+      }
+    for (const Variant& v : s.variants)
+      if (!v.checked)
+        pl.not_run.push_back("variant '" + v.name +
+                             "' (all cases): a demonstration of a failure, not a checked form");
+    return pl;
+  }();
+  return plan;
+}
 }  // namespace
 
 TEST_CASE("shared cases against the float64 oracle", "[harness]") {
   using namespace ladder;
   const Step& s = *g_step;
-  struct Job {
-    std::string label;
-    Problem p;
-    const Case* c;
-    std::string variant;
-  };
-  std::vector<Job> jobs;
-  std::vector<std::string> not_run;
-  for (const Case& c : shared_cases())
-    for (DType t : s.caps.dtypes) {
-      Problem p = c.p;
-      p.dtype = t;
-      p.backward = s.backward_supports(p.dim);  // else the case runs forward only
-      const std::string label = c.name + " " + dtype_name(t) + (p.backward ? " fwd+bwd" : " fwd");
-      const std::string why = s.unsupported(p);
-      if (!why.empty()) {
-        not_run.push_back(c.name + " " + dtype_name(t) + ": " + why);
-        continue;
-      }
-      for (const Variant& v : s.variants) {
-        if (!v.checked) continue;
-        RunOptions ro;
-        ro.variant = v.name;
-        const std::string why_variant = s.unsupported(p, ro);
-        if (why_variant.empty())
-          jobs.push_back({label, p, &c, v.name});
-        else
-          not_run.push_back(c.name + " " + dtype_name(t) + " [" + v.name + "]: " + why_variant);
-      }
-    }
-  for (const Variant& v : s.variants)
-    if (!v.checked)
-      not_run.push_back("variant '" + v.name +
-                        "' (all cases): a demonstration of a failure, not a checked form");
+  const std::vector<Job>& jobs = plan_of(s).jobs;
+  const std::vector<std::string>& not_run = plan_of(s).not_run;
 
   static bool printed = false;
   if (!printed) {
@@ -85,17 +112,14 @@ TEST_CASE("shared cases against the float64 oracle", "[harness]") {
   // Catch2 runs this test case once per section, so the tally is static.
   static int passed = 0, wrong = 0, blank = 0;
   for (const Job& j : jobs) {
-    DYNAMIC_SECTION(j.label << " [" << j.variant << "]") {
+    DYNAMIC_SECTION(j.label) {
       const Inputs in = case_inputs(*j.c, j.p);
-      RunOptions ro;
-      ro.variant = j.variant;
-      ro.repeats = 1;
-      ro.warmup = 0;
-      const std::string run = j.label + " [" + j.variant + "]";
+      const std::string& run = j.label;
       std::string todo, error;
       CheckedRun r;
       try {
-        r = run_checked(s, j.p, in, ro, CheckMode::full);
+        check_input_range(j.p, in);
+        r = run_checked(s, j.p, in, prepare_device(s, j.p, j.host), CheckMode::full);
       } catch (const NotImplemented& e) {
         todo = e.what();
       } catch (const std::exception& e) {
@@ -171,23 +195,27 @@ TEST_CASE("an all-ones block mask equals the dense run bit for bit", "[harness]"
       ones.sparsity.density = 1.0;
       RunOptions ro;
       ro.variant = v.name, ro.repeats = 1, ro.warmup = 0;
-      if (!s.unsupported(p, ro).empty() || !s.unsupported(ones, ro).empty()) continue;
+      Prepared dense, mask;
+      try {
+        dense = prepare(s, p, ro, CheckMode::none), mask = prepare(s, ones, ro, CheckMode::none);
+      } catch (const BadInput&) {
+        continue;  // a problem this variant does not run
+      }
       const std::string label = s.name + " [" + v.name + "] " + dtype_name(t);
       CheckedRun a, a2, b;
       try {
-        const Tiles dense_tiles = s.tiles_for(p, ro, require_device_if(s)),
-                    mask_tiles = s.tiles_for(ones, ro, require_device_if(s));
-        if (dense_tiles.q != mask_tiles.q || dense_tiles.k != mask_tiles.k) {
-          std::cout << "  NOT RUN bitwise " << label << ": tiles " << dense_tiles.q << "x"
-                    << dense_tiles.k << " dense, " << mask_tiles.q << "x" << mask_tiles.k
+        const RunOptions &dt = dense.options, &mt = mask.options;  // the tiles each one runs
+        if (dt.tile_q != mt.tile_q || dt.tile_k != mt.tile_k) {
+          std::cout << "  NOT RUN bitwise " << label << ": tiles " << dt.tile_q << "x" << dt.tile_k
+                    << " dense, " << mt.tile_q << "x" << mt.tile_k
                     << " with a mask (another summation order)\n";
           continue;
         }
         const Inputs in = make_inputs(p), in_ones = make_inputs(ones);
         REQUIRE(in_ones.mask.density() == 1.0);
-        a = run_checked(s, p, in, ro, CheckMode::none);
-        a2 = run_checked(s, p, in, ro, CheckMode::none);
-        b = run_checked(s, ones, in_ones, ro, CheckMode::none);
+        a = run_checked(s, p, in, dense, CheckMode::none);
+        a2 = run_checked(s, p, in, dense, CheckMode::none);
+        b = run_checked(s, ones, in_ones, mask, CheckMode::none);
       } catch (const NotImplemented& e) {  // an exercise copy: the shared cases say which region
         std::cout << "  TODO bitwise: " << label << "\n    not implemented: " << e.what() << "\n";
         CHECK(false);

@@ -93,16 +93,6 @@ TEST_CASE("fp16: overflow, NaN and signed zero", "[dtype]") {
   CHECK(float_to_half_bits(-std::ldexp(1.0f, -30)) == 0x8000);  // underflow keeps the sign
 }
 
-TEST_CASE("fp16: every half survives half -> float -> half", "[dtype]") {
-  int mismatches = 0;
-  for (uint32_t h = 0; h <= 0xffffu; ++h) {
-    const uint16_t back = float_to_half_bits(half_bits_to_float(uint16_t(h)));
-    const bool ok = is_half_nan(uint16_t(h)) ? is_half_nan(back) : back == h;
-    if (!ok && mismatches++ < 5) FAIL_CHECK("half bits 0x" << std::hex << h << " -> 0x" << back);
-  }
-  CHECK(mismatches == 0);
-}
-
 TEST_CASE("bf16: exact values, ties, overflow, NaN and signed zero", "[dtype]") {
   CHECK(float_to_bf16_bits(1.0f) == 0x3f80);
   CHECK(bf16_bits_to_float(0x3f80) == 1.0f);
@@ -134,14 +124,24 @@ TEST_CASE("bf16: exact values, ties, overflow, NaN and signed zero", "[dtype]") 
   CHECK(bf16_bits_to_float(0x8000) == 0.0f);
 }
 
-TEST_CASE("bf16: every bf16 survives bf16 -> float -> bf16", "[dtype]") {
-  int mismatches = 0;
-  for (uint32_t b = 0; b <= 0xffffu; ++b) {
-    const uint16_t back = float_to_bf16_bits(bf16_bits_to_float(uint16_t(b)));
-    const bool ok = is_bf16_nan(uint16_t(b)) ? is_bf16_nan(back) : back == b;
-    if (!ok && mismatches++ < 5) FAIL_CHECK("bf16 bits 0x" << std::hex << b << " -> 0x" << back);
+TEST_CASE("fp16 and bf16: every value survives bits -> float -> bits", "[dtype]") {
+  struct Format {
+    const char* name;
+    float (*to_float)(uint16_t);
+    uint16_t (*to_bits)(float);
+    bool (*is_nan)(uint16_t);
+  };
+  for (const Format& f : {Format{"half", half_bits_to_float, float_to_half_bits, is_half_nan},
+                          Format{"bf16", bf16_bits_to_float, float_to_bf16_bits, is_bf16_nan}}) {
+    int mismatches = 0;
+    for (uint32_t h = 0; h <= 0xffffu; ++h) {
+      const uint16_t back = f.to_bits(f.to_float(uint16_t(h)));
+      const bool ok = f.is_nan(uint16_t(h)) ? f.is_nan(back) : back == h;
+      if (!ok && mismatches++ < 5)
+        FAIL_CHECK(f.name << " bits 0x" << std::hex << h << " -> 0x" << back);
+    }
+    CHECK(mismatches == 0);
   }
-  CHECK(mismatches == 0);
 }
 
 TEST_CASE("round_to: matches the bit conversions and is idempotent", "[dtype]") {

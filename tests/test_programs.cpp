@@ -15,6 +15,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "device.hpp"
@@ -112,6 +113,21 @@ const char* foreign_dtype(const Step& s) {
     if (std::find(s.caps.dtypes.begin(), s.caps.dtypes.end(), t) == s.caps.dtypes.end())
       return dtype_name(t);
   return nullptr;
+}
+
+// The forward outputs a step program saved to dir: o.npy and lse.npy alone, of p's shapes, and
+// (within fp32 rounding) the oracle's on the same inputs. Returns O and LSE as read.
+std::pair<Tensor, Tensor> check_saved_forward(const std::string& dir, const Problem& p,
+                                              const Inputs& in) {
+  CHECK(files_under(dir) == std::vector<std::string>{"lse.npy", "o.npy"});
+  Tensor o = read_npy(dir + "/o.npy"), lse = read_npy(dir + "/lse.npy");
+  CHECK(o.shape == std::vector<int64_t>{p.batch, p.heads, p.seq_q, p.dim});
+  CHECK(lse.shape == std::vector<int64_t>{p.batch, p.heads, p.seq_q});
+  Outputs ref = Outputs::poisoned(p);
+  reference::attention(p, in, ref);
+  CHECK(rel_error(o, ref.o) < 1e-5);
+  CHECK(rel_error(lse, ref.lse) < 1e-5);  // -inf in masked rows, exactly
+  return {o, lse};
 }
 
 }  // namespace
@@ -312,20 +328,12 @@ TEST_CASE("programs: save and load round trips", "[programs]") {
                            tmp);
     INFO(r.out << r.err);
     REQUIRE(r.status == 0);
-    CHECK(files_under(a) == std::vector<std::string>{"lse.npy", "o.npy"});
-    const Tensor o = read_npy(a + "/o.npy"), lse = read_npy(a + "/lse.npy");
-    CHECK(o.shape == std::vector<int64_t>{1, 4, 9, 8});
-    CHECK(lse.shape == std::vector<int64_t>{1, 4, 9});
-    CHECK_FALSE(has_non_finite(o));
-    CHECK_FALSE(has_non_finite(lse));
     // What the file holds is what was computed: the same inputs through the oracle here.
     Problem p = testing::problem(1, 4, 2, 9, 13, 8, true, 0);
     p.dtype = DType::f32;
-    const Inputs in = make_inputs(p);
-    Outputs ref = Outputs::poisoned(p);
-    reference::attention(p, in, ref);
-    CHECK(rel_error(o, ref.o) < 1e-5);
-    CHECK(rel_error(lse, ref.lse) < 1e-5);
+    const auto [o, lse] = check_saved_forward(a, p, make_inputs(p));
+    CHECK_FALSE(has_non_finite(o));
+    CHECK_FALSE(has_non_finite(lse));
   }
   SECTION("float32 files in, step 02 (fp32) out, with fully masked rows") {
     Problem p = testing::problem(2, 4, 2, 11, 7, 8, true, 21);  // rows 0..3 see no key
@@ -337,14 +345,7 @@ TEST_CASE("programs: save and load round trips", "[programs]") {
                            "--causal --load " + quote(l) + " --save " + quote(s) + kQuick, tmp);
     INFO(r.out << r.err);
     REQUIRE(r.status == 0);
-    CHECK(files_under(s) == std::vector<std::string>{"lse.npy", "o.npy"});
-    const Tensor o = read_npy(s + "/o.npy"), lse = read_npy(s + "/lse.npy");
-    CHECK(o.shape == std::vector<int64_t>{2, 4, 11, 8});
-    CHECK(lse.shape == std::vector<int64_t>{2, 4, 11});
-    Outputs ref = Outputs::poisoned(p);
-    reference::attention(p, in, ref);
-    CHECK(rel_error(o, ref.o) < 1e-5);
-    CHECK(rel_error(lse, ref.lse) < 1e-5);  // -inf in the masked rows, exactly
+    check_saved_forward(s, p, in);
   }
   SECTION("float64 files in, step 00 --backward --save-f64 out") {
     Problem p = testing::problem(1, 4, 1, 6, 10, 5, true, 22);

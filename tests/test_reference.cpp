@@ -28,6 +28,22 @@ std::vector<LD> widen(const Tensor& t) {
   return std::vector<LD>(t.data.begin(), t.data.end());
 }
 
+// d loss / d x[e] for every e by central differences, each step 1e-5 relative to |x[e]| (at
+// least 1e-5); x is perturbed in place and restored.
+std::vector<LD> central_differences(std::vector<LD>& x, const std::function<LD()>& loss) {
+  std::vector<LD> fd(x.size());
+  for (size_t e = 0; e < x.size(); ++e) {
+    const LD x0 = x[e], h = 1e-5L * std::max(LD(1), std::fabs(x0));
+    x[e] = x0 + h;
+    const LD up = loss();
+    x[e] = x0 - h;
+    const LD down = loss();
+    x[e] = x0;
+    fd[e] = (up - down) / (2 * h);
+  }
+  return fd;
+}
+
 struct Forward {
   std::vector<LD> o, lse;
   int64_t masked_rows = 0;
@@ -194,18 +210,7 @@ TEST_CASE("oracle gradients agree with central finite differences", "[reference]
     const char* names[3] = {"dQ", "dK", "dV"};
     for (int t = 0; t < 3; ++t) {
       INFO(names[t]);
-      std::vector<LD> fd(x[t].size());
-      for (size_t e = 0; e < x[t].size(); ++e) {
-        const LD x0 = x[t][e];
-        const LD h = 1e-5L * std::max(LD(1), std::fabs(x0));
-        x[t][e] = x0 + h;
-        const LD up = loss();
-        x[t][e] = x0 - h;
-        const LD down = loss();
-        x[t][e] = x0;
-        fd[e] = (up - down) / (2 * h);
-      }
-      const double err = rel_error(grads[t]->data, fd);
+      const double err = rel_error(grads[t]->data, central_differences(x[t], loss));
       INFO("finite-difference rel err " << err);
       CHECK(err <= 1e-7);
       CHECK(max_abs_of(grads[t]->data) > 1e-2);  // a real gradient, not zeros matching zeros
@@ -384,17 +389,7 @@ TEST_CASE("oracle with block masks and dropout: forward and finite-difference gr
     const Tensor* grads[3] = {&out.dq, &out.dk, &out.dv};
     for (int t = 0; t < 3; ++t) {
       INFO("gradient " << t);
-      std::vector<LD> fd(x[t].size());
-      for (size_t e = 0; e < x[t].size(); ++e) {
-        const LD x0 = x[t][e], h = 1e-5L * std::max(LD(1), std::fabs(x0));
-        x[t][e] = x0 + h;
-        const LD up = loss();
-        x[t][e] = x0 - h;
-        const LD down = loss();
-        x[t][e] = x0;
-        fd[e] = (up - down) / (2 * h);
-      }
-      CHECK(rel_error(grads[t]->data, fd) <= 1e-7);
+      CHECK(rel_error(grads[t]->data, central_differences(x[t], loss)) <= 1e-7);
       CHECK(max_abs_of(grads[t]->data) > 1e-2);
     }
   }

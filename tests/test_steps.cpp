@@ -239,7 +239,7 @@ TEST_CASE("steps: every CPU step writes every output element", "[steps]") {
           INFO(s->name << " [" << v.name << "] tiles " << ro.tile_q << "x" << ro.tile_k << ": "
                        << p.describe());
           Outputs out = Outputs::poisoned(p);
-          s->run(p, in, out, prepare(*s, p, ro, CheckMode::full, true));
+          s->run(p, in, out, prepare(*s, p, ro, CheckMode::full, true).options);
           ++runs;
           for (const Tensor* t : {&out.o, &out.dq, &out.dk, &out.dv}) {
             CHECK(count_nan(*t) == 0);

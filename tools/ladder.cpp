@@ -541,14 +541,11 @@ int cmd_compare(const CompareArgs& a) {
     row.p = ps;
     // What the problem asks of the step first (exit 2 if no step can run it), the device
     // after (exit 3 only when the problem was fine).
-    std::string why = s.unsupported(ps);
-    if (why.empty()) try {
-        prepare_host(s, ps, resolve_run_options(s, o), mode, true);
-      } catch (const BadInput& e) {
-        why = e.what();
-      }
-    if (!why.empty()) {
-      row.note = "cannot run: " + why;
+    Prepared host;
+    try {
+      host = prepare_host(s, ps, resolve_run_options(s, o), mode, true);
+    } catch (const BadInput& e) {
+      row.note = std::string("cannot run: ") + e.what();
       rows.push_back(row);
       continue;
     }
@@ -573,7 +570,8 @@ int cmd_compare(const CompareArgs& a) {
     }
     CheckedRun c;
     try {
-      c = run_checked(s, ps, *in, resolve_run_options(s, o), mode);
+      if (ps.dtype != p.dtype) check_input_range(ps, *in);  // obtain_inputs checked p's dtype
+      c = run_checked(s, ps, *in, prepare_device(s, ps, host), mode);
       row.ran = true;
       row.r = c.result;
       row.check = c.check;
@@ -790,6 +788,7 @@ struct BenchPoint {
   Problem p;            // p.backward: the bwd direction
   size_t group;         // index of its (seq, dim) inputs
   std::string variant;  // empty: the step's default
+  Prepared host;        // resolved against the step when the sweep was planned
 };
 
 // The variants a sweep runs of step s: its default, all its checked ones, or the named ones it
@@ -824,14 +823,8 @@ int cmd_bench(BenchArgs a) {
   if (a.directions.empty()) a.directions = pre.directions;
   if (a.tokens == 0) a.tokens = pre.tokens;
   if (a.hidden == 0) a.hidden = pre.hidden;
-  for (int64_t x : a.seqlens)
-    if (x < 1) throw BadInput("--seqlens must be >= 1");
-  for (int64_t x : a.dims)
-    if (x < 1) throw BadInput("--dims must be >= 1");
-  if (a.tokens < 1 || a.hidden < 1) throw BadInput("--tokens and --hidden must be >= 1");
+  // (The flags' validators checked the ranges: seq, dim, tokens, hidden >= 1, dropout in [0, 1).)
   if (a.dropouts.empty()) a.dropouts = {0.0};
-  for (double x : a.dropouts)
-    if (!(x >= 0.0 && x < 1.0)) throw BadInput("--dropout values must be in [0, 1)");
   if (a.sparsities.empty()) a.sparsities = {"dense"};
   std::vector<BlockSparsity> sparsities;
   for (const std::string& spec : a.sparsities) {
@@ -895,6 +888,9 @@ int cmd_bench(BenchArgs a) {
   // dtype is rounded from the same float64 draw, and causal and dropout reuse the same inputs.
   // A point the step does not support, or whose problem is too big for the limits or this
   // machine's memory, is skipped here, before any inputs are made.
+  CommonOptions run_opts;  // repeats and warm-up; unset ones take the step's device default
+  run_opts.repeats = a.repeats;
+  run_opts.warmup = a.warmup;
   std::vector<BenchPoint> points;
   std::map<std::string, int> unsupported;  // reason -> points, said once
   std::vector<const Step*> candidates = steps;
@@ -930,16 +926,19 @@ int cmd_bench(BenchArgs a) {
                   p.dropout_seed = a.dropout_seed;
                   p.sparsity = sparsity;
                   for (const std::string& variant : variants_of(*s, a.variants)) {
-                    RunOptions ro;
+                    RunOptions ro = resolve_run_options(*s, run_opts);
                     ro.variant = variant;
-                    std::string why = p.validate();
-                    if (why.empty()) why = s->unsupported(p, ro);
-                    if (why.empty()) {
-                      const double need = host_bytes_needed(*s, p, ro, mode, false);
-                      if (need > 0.9 * available_host_bytes())
-                        why = "more host memory than this machine has (about " +
-                              fmt(need / double(1ull << 30), 1) + " GiB)";
+                    if (s->device == Device::cpu && cap_cpu) {
+                      if (a.repeats <= 0) ro.repeats = 1;
+                      if (a.warmup < 0) ro.warmup = 0;
                     }
+                    std::string why = p.validate();
+                    Prepared host;
+                    if (why.empty()) try {
+                        host = prepare_host(*s, p, ro, mode, false);
+                      } catch (const BadInput& e) {
+                        why = e.what();
+                      }
                     if (!why.empty()) {
                       ++unsupported[why];
                       continue;
@@ -948,7 +947,7 @@ int cmd_bench(BenchArgs a) {
                       ++no_device;  // a good point, on a step with no device here
                       continue;
                     }
-                    points.push_back({s, p, group, variant});
+                    points.push_back({s, p, group, variant, host});
                   }
                 }
               }
@@ -974,9 +973,6 @@ int cmd_bench(BenchArgs a) {
     return no_device > 0 ? kExitNoDevice : kExitBadInput;
   }
 
-  CommonOptions run_opts;  // repeats and warm-up; unset ones take the step's device default
-  run_opts.repeats = a.repeats;
-  run_opts.warmup = a.warmup;
   std::vector<ResultRow> results;
   std::vector<std::string> errs;  // max abs error of O, per row of results
   int failed = 0, skipped = 0;
@@ -1009,15 +1005,11 @@ int cmd_bench(BenchArgs a) {
       rounded_to = pt.p.dtype;
     }
     const Inputs& in = pt.p.dtype == DType::f64 ? base : rounded;
-    RunOptions ro = resolve_run_options(*pt.step, run_opts);
-    ro.variant = pt.variant;
-    if (pt.step->device == Device::cpu && cap_cpu) {
-      if (a.repeats <= 0) ro.repeats = 1;
-      if (a.warmup < 0) ro.warmup = 0;
-    }
     CheckedRun c;
     try {
-      c = run_checked(*pt.step, pt.p, in, ro, mode, outs[pt.p.backward ? 1 : 0]);
+      check_input_range(pt.p, in);
+      c = run_checked(*pt.step, pt.p, in, prepare_device(*pt.step, pt.p, pt.host), mode,
+                      outs[pt.p.backward ? 1 : 0]);
     } catch (const BadInput& e) {  // e.g. more device memory than there is
       progress.clear();
       std::cout << "skipped: " << label << ": " << e.what() << "\n";
@@ -1102,6 +1094,18 @@ constexpr const char* run_id_help =
     "UTC time and random bits); tools/gpu_check.sh gives one id to the sweep and the peers";
 const CLI::Validator run_id_validator(run_id_problem, "");
 
+// An output file flag (--csv, --json) and --run-id, of compare and bench.
+CLI::Option* file_option(CLI::App* app, const char* flag, std::string& path, const char* help,
+                         const char* group) {
+  return app->add_option(flag, path, help)->check(nonempty())->type_name("FILE")->group(group);
+}
+CLI::Option* run_id_option(CLI::App* app, std::string& id, const char* group) {
+  return app->add_option("--run-id", id, run_id_help)
+      ->check(run_id_validator)
+      ->type_name("ID")
+      ->group(group);
+}
+
 int main_(int argc, char** argv) {
   CLI::App app{
       "ladder — the driver of the attention ladder: list the rungs, run one, compare "
@@ -1139,16 +1143,9 @@ int main_(int argc, char** argv) {
       ->check(nonempty())
       ->delimiter(',')
       ->group("Compare");
-  compare
-      ->add_option("--csv", ca.csv,
-                   "append one row per step and direction (results schema) to FILE")
-      ->check(nonempty())
-      ->type_name("FILE")
-      ->group("Compare");
-  compare->add_option("--run-id", ca.run_id, run_id_help)
-      ->check(run_id_validator)
-      ->type_name("ID")
-      ->group("Compare");
+  file_option(compare, "--csv", ca.csv,
+              "append one row per step and direction (results schema) to FILE", "Compare");
+  run_id_option(compare, ca.run_id, "Compare");
   compare->footer(
       "The inputs are made (or --load-ed) once, rounded to fp32 (or to --dtype) and then to "
       "each step's dtype. With --dtype, steps without that dtype are listed as not run. With "
@@ -1203,6 +1200,10 @@ int main_(int argc, char** argv) {
       "the benchmark sweep: every runnable step over a grid of shapes, checked, then "
       "timed; rows in the results schema");
   BenchArgs ba;
+  // A list of values the sweep runs through, comma-separated.
+  auto sweep = [&](const char* flag, auto& values, const char* help, const CLI::Validator& v) {
+    return bench->add_option(flag, values, help)->check(v)->delimiter(',')->group("Sweep");
+  };
   bench
       ->add_option("--preset", ba.preset,
                    "quick: seq 128 256 512, dim 64, 512 tokens, hidden 256 (seconds on a "
@@ -1211,63 +1212,36 @@ int main_(int argc, char** argv) {
       ->check(CLI::IsMember({"quick", "flash"}))
       ->capture_default_str()
       ->group("Sweep");
-  bench
-      ->add_option("--steps", ba.steps,
-                   "the rungs (default: all that can run here; naming a CPU step lifts the "
-                   "flash preset's seq <= 1024 cap)")
-      ->check(nonempty())
-      ->delimiter(',')
-      ->group("Sweep");
-  bench
-      ->add_option("--variants", ba.variants,
-                   "default (each step's own), all (every checked variant: the ladder of ideas "
-                   "within a rung), or names; a non-default variant's rows say NN/name")
-      ->check(nonempty())
-      ->delimiter(',')
-      ->group("Sweep");
-  bench->add_option("--seqlens", ba.seqlens, "sequence lengths (seq_q = seq_k)")
-      ->check(integer_in(1, kMaxExtent))
-      ->delimiter(',')
-      ->group("Sweep");
-  bench->add_option("--dims", ba.dims, "head dims")
-      ->check(integer_in(1, kMaxExtent))
-      ->delimiter(',')
-      ->group("Sweep");
-  bench
-      ->add_option("--dropout", ba.dropouts,
-                   "dropout rates to sweep, e.g. 0,0.1 (default 0; rungs without dropout skip "
-                   "p > 0)")
-      ->check(real_in(0.0, 1.0, true))
-      ->delimiter(',')
-      ->group("Sweep");
+  sweep("--steps", ba.steps,
+        "the rungs (default: all that can run here; naming a CPU step lifts the flash preset's "
+        "seq <= 1024 cap)",
+        nonempty());
+  sweep("--variants", ba.variants,
+        "default (each step's own), all (every checked variant: the ladder of ideas within a "
+        "rung), or names; a non-default variant's rows say NN/name",
+        nonempty());
+  sweep("--seqlens", ba.seqlens, "sequence lengths (seq_q = seq_k)", integer_in(1, kMaxExtent));
+  sweep("--dims", ba.dims, "head dims", integer_in(1, kMaxExtent));
+  sweep("--dropout", ba.dropouts,
+        "dropout rates to sweep, e.g. 0,0.1 (default 0; rungs without dropout skip p > 0)",
+        real_in(0.0, 1.0, true));
   bench->add_option("--dropout-seed", ba.dropout_seed, "seed of the dropout mask")
       ->check(unsigned_integer())
       ->capture_default_str()
       ->group("Sweep");
-  bench
-      ->add_option("--block-sparsity", ba.sparsities,
-                   "block masks to sweep: dense, random:RHO (seeded by --seed), local:W; e.g. "
-                   "dense,random:0.25 (default dense)")
-      ->check(nonempty())
-      ->delimiter(',')
-      ->group("Sweep");
+  sweep("--block-sparsity", ba.sparsities,
+        "block masks to sweep: dense, random:RHO (seeded by --seed), local:W; e.g. "
+        "dense,random:0.25 (default dense)",
+        nonempty());
   bench
       ->add_option("--mask-block", ba.mask_block,
                    "the masks' block Bm x Bn: N or NxM (default 128)")
       ->check(nonempty())
       ->group("Sweep");
-  bench->add_option("--causal", ba.causal, "0, 1 or both")
-      ->check(integer_in(0, 1))
-      ->delimiter(',')
-      ->group("Sweep");
-  bench->add_option("--dtype", ba.dtypes, "dtypes (default: each step's own)")
-      ->check(nonempty())
-      ->delimiter(',')
-      ->group("Sweep");
-  bench->add_option("--directions", ba.directions, "fwd, bwd or both (bwd: steps with backward)")
-      ->check(CLI::IsMember({"fwd", "bwd"}))
-      ->delimiter(',')
-      ->group("Sweep");
+  sweep("--causal", ba.causal, "0, 1 or both", integer_in(0, 1));
+  sweep("--dtype", ba.dtypes, "dtypes (default: each step's own)", nonempty());
+  sweep("--directions", ba.directions, "fwd, bwd or both (bwd: steps with backward)",
+        CLI::IsMember({"fwd", "bwd"}));
   bench->add_option("--tokens", ba.tokens, "batch * seq (default: the preset's)")
       ->check(integer_in(1, kMaxTensorElems))
       ->group("Sweep");
@@ -1294,18 +1268,11 @@ int main_(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "full", "sampled"}))
       ->capture_default_str()
       ->group("Running");
-  bench->add_option("--csv", ba.csv, "append the rows to FILE (header written for a new file)")
-      ->check(nonempty())
-      ->type_name("FILE")
-      ->group("Output");
-  bench->add_option("--json", ba.json, "write the rows as a JSON array to FILE (replaced)")
-      ->check(nonempty())
-      ->type_name("FILE")
-      ->group("Output");
-  bench->add_option("--run-id", ba.run_id, run_id_help)
-      ->check(run_id_validator)
-      ->type_name("ID")
-      ->group("Output");
+  file_option(bench, "--csv", ba.csv, "append the rows to FILE (header written for a new file)",
+              "Output");
+  file_option(bench, "--json", ba.json, "write the rows as a JSON array to FILE (replaced)",
+              "Output");
+  run_id_option(bench, ba.run_id, "Output");
   bench->footer(
       std::string("CSV columns: ") + kResultsHeader +
       "\ncommit: $LADDER_COMMIT, else `git rev-parse --short HEAD` of the source tree (+ -dirty), "

@@ -21,6 +21,7 @@
 #include <tuple>
 #include <vector>
 
+#include "checks.h"
 #include "inputs.hpp"
 #include "oracle.hpp"
 #include "problem.hpp"
@@ -32,24 +33,15 @@ void check_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, do
   TORCH_CHECK_NOT_IMPLEMENTED(rung == 0, "ladder: rung ", rung,
                               " runs on CUDA tensors; on CPU tensors only rung 0 (the float64 "
                               "oracle) runs");
-  TORCH_CHECK_VALUE(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-                    "ladder: q, k, v must be 4-D [batch, heads, seq, dim]; got ", q.sizes(), ", ",
-                    k.sizes(), ", ", v.sizes());
+  ladder_torch::check_4d(q, k, v);
   TORCH_CHECK_VALUE(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
                     "ladder: rung 0 needs q, k, v on the CPU");
   TORCH_CHECK_TYPE((q.scalar_type() == at::kDouble || q.scalar_type() == at::kFloat) &&
                        k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
                    "ladder: rung 0 takes float64 or float32 q, k, v of one dtype; got ",
                    q.scalar_type(), ", ", k.scalar_type(), ", ", v.scalar_type());
-  TORCH_CHECK_VALUE(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(3) == q.size(3),
-                    "ladder: k and v must be [batch, heads_kv, seq_k, dim] with q's batch and "
-                    "dim; got q ",
-                    q.sizes(), ", k ", k.sizes(), ", v ", v.sizes());
-  const int64_t h = q.size(1), hkv = k.size(1);
-  TORCH_CHECK_VALUE(hkv > 0 ? h % hkv == 0 : h == 0, "ladder: q's heads (", h,
-                    ") must be a multiple of k's and v's heads (", hkv, ")");
-  TORCH_CHECK_VALUE(std::isfinite(scale) && scale != 0.0,
-                    "ladder: scale must be finite and non-zero; got ", scale);
+  ladder_torch::check_kv_shapes(q, k, v);
+  ladder_torch::check_scale(scale);
 }
 
 ladder::Problem problem_of(const at::Tensor& q, const at::Tensor& k, bool causal, double scale,

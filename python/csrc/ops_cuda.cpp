@@ -20,6 +20,8 @@
 #include <tuple>
 #include <vector>
 
+#include "checks.h"
+#include "dims.hpp"
 #include "rung_api.h"
 
 namespace ladder_torch {
@@ -38,16 +40,9 @@ std::vector<std::pair<std::string, const std::atomic<int64_t>*>>& counters() {
 }
 
 const char* torch_dtype_name(DType t) {
-  switch (t) {
-    case DType::f32:
-      return "float32";
-    case DType::f16:
-      return "float16";
-    case DType::bf16:
-      return "bfloat16";
-    default:
-      return "other";
-  }
+  static const char* const names[] = {"float64", "float32", "float16",
+                                      "bfloat16"};  // DType's order
+  return names[int(t)];
 }
 
 }  // namespace
@@ -111,9 +106,9 @@ std::string built_kernels() {
 
 namespace {
 
-// The kernels' limits: extents in 32-bit ints, batch and heads on grid.z and grid.y.
-constexpr int64_t kMaxGridYZ = 65535;
-constexpr int64_t kMaxSeq = int64_t(1) << 30;
+// The kernels' limits, as the steps' descriptors state them: batch and heads on grid.z and
+// grid.y, sequences in 32-bit row indices.
+constexpr ladder::GridLimits kLimits = ladder::kGridLimits;
 
 struct Shape {
   int batch, heads, heads_kv, seq_q, seq_k, dim;
@@ -129,35 +124,28 @@ DType dtype_of(const at::Tensor& t) {
     case at::kBFloat16:
       return DType::bf16;
     default:
-      TORCH_CHECK_TYPE(false, "ladder: no CUDA rung takes ", t.scalar_type(),
-                       " tensors (rung 5: float32; rungs 6, 7: float16, bfloat16)");
+      TORCH_CHECK_TYPE(false, "ladder: no CUDA rung takes ", t.scalar_type(), " tensors. Built:\n",
+                       built_kernels());
   }
 }
 
 // Q [B, H, M, d], K and V [B, Hkv, N, d] on one CUDA device, one dtype, H a multiple of Hkv.
 Shape check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  TORCH_CHECK_VALUE(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-                    "ladder: q, k, v must be 4-D [batch, heads, seq, dim]; got ", q.sizes(), ", ",
-                    k.sizes(), ", ", v.sizes());
+  check_4d(q, k, v);
   TORCH_CHECK_VALUE(q.is_cuda() && k.device() == q.device() && v.device() == q.device(),
                     "ladder: q, k, v must be on one CUDA device; got ", q.device(), ", ",
                     k.device(), ", ", v.device());
   TORCH_CHECK_TYPE(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
                    "ladder: q, k, v must have one dtype; got ", q.scalar_type(), ", ",
                    k.scalar_type(), ", ", v.scalar_type());
-  TORCH_CHECK_VALUE(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(3) == q.size(3),
-                    "ladder: k and v must be [batch, heads_kv, seq_k, dim] with q's batch and "
-                    "dim; got q ",
-                    q.sizes(), ", k ", k.sizes(), ", v ", v.sizes());
+  check_kv_shapes(q, k, v);
   const int64_t h = q.size(1), hkv = k.size(1);
-  TORCH_CHECK_VALUE(hkv > 0 ? h % hkv == 0 : h == 0, "ladder: q's heads (", h,
-                    ") must be a multiple of k's and v's heads (", hkv, ")");
-  TORCH_CHECK_VALUE(q.size(0) <= kMaxGridYZ && h <= kMaxGridYZ,
-                    "ladder: batch and heads must be at most ", kMaxGridYZ, "; got ", q.size(0),
-                    ", ", h);
-  TORCH_CHECK_VALUE(q.size(2) <= kMaxSeq && k.size(2) <= kMaxSeq,
-                    "ladder: sequence lengths must be at most 2^30; got ", q.size(2), ", ",
-                    k.size(2));
+  TORCH_CHECK_VALUE(q.size(0) <= kLimits.batch && h <= kLimits.heads,
+                    "ladder: batch and heads must be at most ", kLimits.batch, " and ",
+                    kLimits.heads, "; got ", q.size(0), ", ", h);
+  TORCH_CHECK_VALUE(q.size(2) <= kLimits.seq && k.size(2) <= kLimits.seq,
+                    "ladder: sequence lengths must be at most ", kLimits.seq, "; got ", q.size(2),
+                    ", ", k.size(2));
   return Shape{int(q.size(0)), int(h), int(hkv), int(q.size(2)), int(k.size(2)), int(q.size(3))};
 }
 
@@ -168,11 +156,6 @@ const RungKernels& kernels_for(int64_t rung, const at::Tensor& q, bool backward)
                               " for ", q.scalar_type(), " with head dim ", q.size(3),
                               " in this build. Built:\n", built_kernels());
   return *k;
-}
-
-void check_scale(double scale) {
-  TORCH_CHECK_VALUE(std::isfinite(scale) && scale != 0.0,
-                    "ladder: scale must be finite and non-zero; got ", scale);
 }
 
 // The kernels read 16-byte vectors from dense row-major tensors: a strided or misaligned

@@ -1,11 +1,17 @@
 // Rung 06 (tensor-core FlashAttention-2, bf16/fp16) behind the rung_api.h seam: fills the
 // kernels' parameter blocks the way the ladder's own host code (steps/06_tensor_core_fa2/
-// host.cu, run_typed) does and enqueues them on PyTorch's stream. rung06_d32.cu ... d128.cu
-// instantiate it, one head dim each.
+// host.cu, run_typed) does and enqueues them on PyTorch's stream. rung06_part0.cu ...
+// part3.cu instantiate it for the head dims of the step's capability table
+// (steps/06_tensor_core_fa2/capabilities.hpp).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstddef>
+#include <iterator>
+#include <utility>
+
+#include "06_tensor_core_fa2/capabilities.hpp"
 #include "rung_api.h"
 #include "tensor_core_fa2_backward.cuh"
 
@@ -53,16 +59,46 @@ cudaError_t backward(const BwdArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <class T, int D>
-RungKernels entry(DType dtype) {
-  return RungKernels{6, dtype, D, true, false, 1, &forward<T, D>, &backward<T, D>};
+// The device type of a dtype of the step's table.
+template <DType>
+struct Element;
+template <>
+struct Element<DType::bf16> {
+  using type = __nv_bfloat16;
+};
+template <>
+struct Element<DType::f16> {
+  using type = __half;
+};
+
+// Every dtype of the step at head dim D.
+template <int D, size_t... T>
+void register_dim(std::index_sequence<T...>) {
+  (register_kernels(RungKernels{6, s06::kDTypes[T], D, true, false, 1,
+                                &forward<typename Element<s06::kDTypes[T]>::type, D>,
+                                &backward<typename Element<s06::kDTypes[T]>::type, D>}),
+   ...);
 }
 
-// Both dtypes at head dim D: one file per head dim (rung06_d*.cu) lets the build compile them
-// in parallel. d = 256, forward only in the rung, is left out of the extension.
-template <int D>
-Registrar register_dim() {
-  return Registrar{entry<__nv_bfloat16, D>(DType::bf16), entry<__half, D>(DType::f16)};
+// The head dims the extension holds are the backward's (d = 256, forward only in the rung, is
+// left out), split into kParts parts that the build compiles in parallel, one file each
+// (rung06_partN.cu): part N registers the dims at indices N, N + kParts, ... of the list.
+constexpr size_t kParts = 4;
+using Dims = s06::BackwardHeadDims;
+
+template <size_t Part, size_t... I>
+void register_dims(std::index_sequence<I...>) {
+  (register_dim<Dims::values[Part + I * kParts]>(
+       std::make_index_sequence<std::size(s06::kDTypes)>()),
+   ...);
+}
+
+template <size_t Part>
+bool register_part() {
+  static_assert(Part < kParts, "rung06_part0.cu ... part3.cu: one file per part");
+  constexpr size_t n = Dims::size > Part ? (Dims::size - Part + kParts - 1) / kParts : 0;
+  register_dims<Part>(std::make_index_sequence<n>());
+  return true;
 }
 
 }  // namespace ladder_torch::rung06

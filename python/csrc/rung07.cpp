@@ -28,6 +28,7 @@
 #include <string>
 #include <utility>
 
+#include "07_wgmma_tma_fa3/capabilities.hpp"
 #include "rung_api.h"
 #include "wgmma_tma_fa3.hpp"
 
@@ -237,10 +238,12 @@ cudaError_t backward_as(const BwdArgs& a, cudaStream_t stream) {
   return backward(a, stream, kBf16);
 }
 
-// One entry per (dtype, d): the step picks the instantiation from the parameters at run time.
-RungKernels entry(bool bf16, int dim) {
+// One entry per (dtype, d) of the step's capability table: the step picks the instantiation
+// from the parameters at run time.
+RungKernels entry(DType dtype, int dim) {
+  const bool bf16 = dtype == DType::bf16;
   return RungKernels{7,
-                     bf16 ? DType::bf16 : DType::f16,
+                     dtype,
                      dim,
                      true,  // the kernels track the row max of the raw scores: scale > 0
                      false,
@@ -249,7 +252,11 @@ RungKernels entry(bool bf16, int dim) {
                      bf16 ? &backward_as<true> : &backward_as<false>};
 }
 
-const Registrar kRung07{entry(true, 64), entry(true, 128), entry(false, 64), entry(false, 128)};
+const bool kRegistered = [] {
+  for (DType dtype : ladder::step07::kDTypes)
+    for (int dim : ladder::step07::HeadDims::values) register_kernels(entry(dtype, dim));
+  return true;
+}();
 
 }  // namespace
 }  // namespace ladder_torch::rung07

@@ -60,6 +60,8 @@ CASES_06 = [
 # the default kernel's 192-row query tiles meet a partial last tile (1000 = 5 x 192 + 40).
 CASES_07 = [c for c in CASES_06 if c[5] in (64, 128)] + [(1, 3, 1, 1000, 1100, 64, True, None)]
 CASES_05 = [
+    (1, 2, 2, 97, 61, 32, True, None),
+    (1, 2, 2, 61, 97, 96, False, None),
     (2, 4, 4, 113, 203, 64, False, None),
     (1, 6, 6, 200, 77, 128, True, None),
     (2, 8, 2, 130, 257, 64, True, None),
@@ -204,7 +206,7 @@ ERRORS = [
     (*(_cuda(1, 2, 8, 80),) * 3, dict(rung=6), ValueError, "head dim 80"),
     (*(_cuda(*Q, dtype=F64),) * 3, dict(rung=6), TypeError, "bfloat16"),
     (*(_cuda(*Q, dtype=F64),) * 3, {}, TypeError, "no rung takes"),
-    (*(_cuda(1, 2, 8, 32, dtype=F32),) * 3, dict(rung=5), ValueError, "head dim 32"),
+    (*(_cuda(1, 2, 8, 80, dtype=F32),) * 3, dict(rung=5), ValueError, "head dim 80"),
     (*(_cuda(1, 2, 8, 32),) * 3, dict(rung=7), ValueError, "head dim 32"),
     (*(_cuda(*Q, dtype=F32),) * 3, dict(rung=7), TypeError, "bfloat16"),
     (_cuda(*Q), _cuda(*Q), _cuda(*Q), dict(rung=0), ValueError, "cpu tensors"),

@@ -23,41 +23,38 @@
 namespace ladder {
 
 const Step& step_00() {
-  static const Step s = [] {
-    Step s;
-    s.number = 0;
-    s.name = "00_cpu_reference";
-    s.summary = "the oracle: S = scale*QK^T, safe softmax, O = PV, LSE; backward dQ dK dV (Eigen)";
-    s.adds = {
-        "matrix-form forward", "LSE",    "backward dQ dK dV", "bottom-right causal mask", "GQA",
-        "block-sparse masks",  "dropout"};
-    s.device = Device::cpu;
-    s.caps.dtypes = {DType::f64};
-    s.caps.backward = true;
-    s.caps.dropout = true, s.caps.block_sparse = true;
-    s.caps.limits = "float64 on the CPU; scratch S and P for 256 query rows at a time";
-    s.variants = {{"eigen", "S, P as Eigen matrices, 256 query rows at a time", true}};
-    s.workspace = [](const Problem& p, const RunOptions&) {
-      // S, P and the dropout mask for one block of up to 256 rows (fewer when seq_q is short)
-      return 3.0 * std::min<double>(256, double(p.seq_q)) * double(p.seq_k) * 8;
-    };
-    s.run = [](const Problem& p, const Inputs& in, Outputs& out, const RunOptions& opt) {
-      RunResult r;
-      // Forward and backward are one computation here; time the whole and report it as
-      // forward (and backward = the extra time of the gradient pass).
-      Problem fwd = p;
-      fwd.backward = false;
-      r.fwd_ms = time_cpu_ms([&] { reference::attention(fwd, in, out); }, opt.repeats, opt.warmup);
-      if (p.backward) {
-        const double all_ms =
-            time_cpu_ms([&] { reference::attention(p, in, out); }, opt.repeats, 0);
-        r.bwd_ms = std::max(all_ms - r.fwd_ms, 0.0);
-      }
-      r.workspace_bytes = 3.0 * std::min<double>(256, double(p.seq_q)) * double(p.seq_k) * 8;
-      return r;
-    };
-    return s;
-  }();
+  static const Step s =
+      StepBuilder(
+          0, "00_cpu_reference", Device::cpu,
+          "the oracle: S = scale*QK^T, safe softmax, O = PV, LSE; backward dQ dK dV (Eigen)")
+          .adds({"matrix-form forward", "LSE", "backward dQ dK dV", "bottom-right causal mask",
+                 "GQA", "block-sparse masks", "dropout"})
+          .dtypes({DType::f64})
+          .backward()
+          .dropout()
+          .block_sparse()
+          .limits("float64 on the CPU; scratch S and P for 256 query rows at a time")
+          .variants({{"eigen", "S, P as Eigen matrices, 256 query rows at a time", true}})
+          .workspace([](const Problem& p, const RunOptions&) {
+            // S, P and the dropout mask for one block of up to 256 rows (fewer when seq_q is short)
+            return 3.0 * std::min<double>(256, double(p.seq_q)) * double(p.seq_k) * 8;
+          })
+          .run([](const Problem& p, const Inputs& in, Outputs& out, const RunOptions& opt) {
+            RunResult r;
+            // Forward and backward are one computation here; time the whole and report it as
+            // forward (and backward = the extra time of the gradient pass).
+            Problem fwd = p;
+            fwd.backward = false;
+            r.fwd_ms =
+                time_cpu_ms([&] { reference::attention(fwd, in, out); }, opt.repeats, opt.warmup);
+            if (p.backward) {
+              const double all_ms =
+                  time_cpu_ms([&] { reference::attention(p, in, out); }, opt.repeats, 0);
+              r.bwd_ms = std::max(all_ms - r.fwd_ms, 0.0);
+            }
+            r.workspace_bytes = 3.0 * std::min<double>(256, double(p.seq_q)) * double(p.seq_k) * 8;
+            return r;
+          });
   return s;
 }
 

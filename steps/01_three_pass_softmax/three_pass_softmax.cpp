@@ -78,34 +78,30 @@ void three_pass_attention(const Problem& p, const std::vector<float>& Q,
 }  // namespace
 
 const Step& step_01() {
-  static const Step s = [] {
-    Step s;
-    s.number = 1;
-    s.name = "01_three_pass_softmax";
-    s.summary = "safe softmax in 3 passes per row (max, sum, normalize), fp32";
-    s.adds = {"fp32", "row by row", "pass 1: max", "pass 2: sum of exp(s - max)",
-              "pass 3: normalize and P.V"};
-    s.device = Device::cpu;
-    s.caps.dtypes = {DType::f32};
-    s.caps.limits = "workspace: one row of S (seq_k floats)";
-    s.workspace = [](const Problem& p, const RunOptions&) {
-      return 4.0 * double(p.seq_k) + 4.0 * double(p.q_numel() + 2 * p.kv_numel());  // + fp32 copies
-    };
-    s.variants = {
-        {"safe", "subtract the row max before exp (exact for any finite logits)", true},
-        {"unsafe", "no max shift: exp overflows to inf and P to NaN once a logit exceeds ~88",
-         false}};
-    s.run = [](const Problem& p, const Inputs& in, Outputs& out, const RunOptions& opt) {
-      const std::vector<float> Q = to_float(in.q), K = to_float(in.k), V = to_float(in.v);
-      const bool safe = opt.variant != "unsafe";
-      RunResult r;
-      r.fwd_ms = time_cpu_ms([&] { three_pass_attention(p, Q, K, V, out, safe); }, opt.repeats,
-                             opt.warmup);
-      r.workspace_bytes = double(p.seq_k) * sizeof(float);
-      return r;
-    };
-    return s;
-  }();
+  static const Step s =
+      StepBuilder(1, "01_three_pass_softmax", Device::cpu,
+                  "safe softmax in 3 passes per row (max, sum, normalize), fp32")
+          .adds({"fp32", "row by row", "pass 1: max", "pass 2: sum of exp(s - max)",
+                 "pass 3: normalize and P.V"})
+          .dtypes({DType::f32})
+          .limits("workspace: one row of S (seq_k floats)")
+          .variants(
+              {{"safe", "subtract the row max before exp (exact for any finite logits)", true},
+               {"unsafe",
+                "no max shift: exp overflows to inf and P to NaN once a logit exceeds ~88", false}})
+          .workspace([](const Problem& p, const RunOptions&) {
+            return 4.0 * double(p.seq_k) +
+                   4.0 * double(p.q_numel() + 2 * p.kv_numel());  // + fp32 copies
+          })
+          .run([](const Problem& p, const Inputs& in, Outputs& out, const RunOptions& opt) {
+            const std::vector<float> Q = to_float(in.q), K = to_float(in.k), V = to_float(in.v);
+            const bool safe = opt.variant != "unsafe";
+            RunResult r;
+            r.fwd_ms = time_cpu_ms([&] { three_pass_attention(p, Q, K, V, out, safe); },
+                                   opt.repeats, opt.warmup);
+            r.workspace_bytes = double(p.seq_k) * sizeof(float);
+            return r;
+          });
   return s;
 }
 

@@ -223,72 +223,76 @@ void tiled(const Views& x, Outputs& out, int64_t Br, int64_t Bc) {
       }
 }
 
+// The descriptor's tiles(): the tiled variant's Br x Bc, 64 or the sequence when shorter unless
+// --tile-q/--tile-k ask for others; the other variants are not tiled.
+Tiles choose_tiles(const Problem& p, const RunOptions& o, const DeviceInfo&) {
+  if (o.variant != "tiled") {
+    if (o.tile_q != 0 || o.tile_k != 0)
+      throw BadInput("--tile-q and --tile-k apply to step 02's tiled variant only");
+    return Tiles{};
+  }
+  auto pick = [](int asked, int64_t seq, const char* flag, const char* len) {
+    if (asked == 0) return int(std::min<int64_t>(64, seq));
+    if (asked > seq)
+      throw BadInput(std::string(flag) + " must be in [1, " + len + " = " + std::to_string(seq) +
+                     "], got " + std::to_string(asked));
+    return asked;
+  };
+  return Tiles{pick(o.tile_q, p.seq_q, "--tile-q", "seq_q"),
+               pick(o.tile_k, p.seq_k, "--tile-k", "seq_k")};
+}
+
+double workspace_bytes(const Problem& p, const RunOptions& o) {
+  const double tiles =
+      o.variant == "tiled" ? double(o.tile_q) * o.tile_k + o.tile_q * double(p.dim) : 0.0;
+  return 4.0 * (tiles + double(p.dim) * 2 + double(p.q_numel() + 2 * p.kv_numel()));
+}
+
+RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions& opt) {
+  const std::vector<float> Q = to_float(in.q), K = to_float(in.k), V = to_float(in.v);
+  const Views x{p, Q, K, V, in.mask};
+  RunResult r;
+  if (opt.variant == "two-pass") {
+    r.fwd_ms = time_cpu_ms([&] { two_pass(x, out); }, opt.repeats, opt.warmup);
+    r.workspace_bytes = double(p.dim) * 4;
+  } else if (opt.variant == "tiled") {
+    const int64_t Br = opt.tile_q, Bc = opt.tile_k;  // the descriptor's choice (choose_tiles)
+    r.fwd_ms = time_cpu_ms([&] { tiled(x, out, Br, Bc); }, opt.repeats, opt.warmup);
+    r.workspace_bytes = double(Br * Bc + Br * p.dim + 2 * Br) * 4;
+    r.config = "Br=" + std::to_string(Br) + " Bc=" + std::to_string(Bc);
+  } else {
+    r.fwd_ms = time_cpu_ms([&] { one_pass(x, out); }, opt.repeats, opt.warmup);
+    r.workspace_bytes = double(p.dim) * 4;
+  }
+  return r;
+}
+
 }  // namespace
 
 const Step& step_02() {
-  static const Step s = [] {
-    Step s;
-    s.number = 2;
-    s.name = "02_online_softmax";
-    s.summary =
-        "online softmax: 2-pass (m, l fused), then the one-pass recurrence (running m, l, O; one "
-        "divide)";
-    s.adds = {"online (m, l), the sum corrected as the max grows",
-              "one-pass recurrence with unnormalised O",
-              "one division at the end",
-              "tiled Br x Bc form (FlashAttention pseudocode)",
-              "block-sparse masks, skipped a tile at a time",
-              "dropout regenerated from a counter-based generator, never stored"};
-    s.device = Device::cpu;
-    s.caps.dtypes = {DType::f32};
-    s.caps.dropout = true, s.caps.block_sparse = true;
-    s.caps.limits =
-        "tiled variant: Br, Bc from --tile-q/--tile-k in [1, seq_q] and [1, seq_k] (default 64, "
-        "or the sequence when shorter); with a block mask they must divide its block";
-    s.variants = {{"one-pass", "the attention recurrence: running m, l and unnormalised O", true},
-                  {"two-pass", "online (m, l) in pass 1, O in pass 2", true},
-                  {"tiled", "the one-pass recurrence over Br x Bc tiles of S", true}};
-    s.tiles = [](const Problem& p, const RunOptions& o, const DeviceInfo&) {
-      if (o.variant != "tiled") {
-        if (o.tile_q != 0 || o.tile_k != 0)
-          throw BadInput("--tile-q and --tile-k apply to step 02's tiled variant only");
-        return Tiles{};
-      }
-      auto pick = [](int asked, int64_t seq, const char* flag, const char* len) {
-        if (asked == 0) return int(std::min<int64_t>(64, seq));
-        if (asked > seq)
-          throw BadInput(std::string(flag) + " must be in [1, " + len + " = " +
-                         std::to_string(seq) + "], got " + std::to_string(asked));
-        return asked;
-      };
-      return Tiles{pick(o.tile_q, p.seq_q, "--tile-q", "seq_q"),
-                   pick(o.tile_k, p.seq_k, "--tile-k", "seq_k")};
-    };
-    s.workspace = [](const Problem& p, const RunOptions& o) {
-      const double br = o.tile_q ? o.tile_q : 64, bc = o.tile_k ? o.tile_k : 64;
-      const double tiles = o.variant == "tiled" ? br * bc + br * double(p.dim) : 0.0;
-      return 4.0 * (tiles + double(p.dim) * 2 + double(p.q_numel() + 2 * p.kv_numel()));
-    };
-    s.run = [](const Problem& p, const Inputs& in, Outputs& out, const RunOptions& opt) {
-      const std::vector<float> Q = to_float(in.q), K = to_float(in.k), V = to_float(in.v);
-      const Views x{p, Q, K, V, in.mask};
-      RunResult r;
-      if (opt.variant == "two-pass") {
-        r.fwd_ms = time_cpu_ms([&] { two_pass(x, out); }, opt.repeats, opt.warmup);
-        r.workspace_bytes = double(p.dim) * 4;
-      } else if (opt.variant == "tiled") {
-        const int64_t Br = opt.tile_q, Bc = opt.tile_k;
-        r.fwd_ms = time_cpu_ms([&] { tiled(x, out, Br, Bc); }, opt.repeats, opt.warmup);
-        r.workspace_bytes = double(Br * Bc + Br * p.dim + 2 * Br) * 4;
-        r.config = "Br=" + std::to_string(Br) + " Bc=" + std::to_string(Bc);
-      } else {
-        r.fwd_ms = time_cpu_ms([&] { one_pass(x, out); }, opt.repeats, opt.warmup);
-        r.workspace_bytes = double(p.dim) * 4;
-      }
-      return r;
-    };
-    return s;
-  }();
+  static const Step s =
+      StepBuilder(
+          2, "02_online_softmax", Device::cpu,
+          "online softmax: 2-pass (m, l fused), then the one-pass recurrence (running m, l, "
+          "O; one divide)")
+          .adds({"online (m, l), the sum corrected as the max grows",
+                 "one-pass recurrence with unnormalised O", "one division at the end",
+                 "tiled Br x Bc form (FlashAttention pseudocode)",
+                 "block-sparse masks, skipped a tile at a time",
+                 "dropout regenerated from a counter-based generator, never stored"})
+          .dtypes({DType::f32})
+          .dropout()
+          .block_sparse()
+          .limits(
+              "tiled variant: Br, Bc from --tile-q/--tile-k in [1, seq_q] and [1, seq_k] (default "
+              "64, or the sequence when shorter); with a block mask they must divide its block")
+          .variants(
+              {{"one-pass", "the attention recurrence: running m, l and unnormalised O", true},
+               {"two-pass", "online (m, l) in pass 1, O in pass 2", true},
+               {"tiled", "the one-pass recurrence over Br x Bc tiles of S", true}})
+          .tiles(choose_tiles)
+          .workspace(workspace_bytes)
+          .run(run);
   return s;
 }
 

@@ -324,32 +324,27 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
 }  // namespace
 
 const Step& step_03() {
-  static const Step s = [] {
-    Step s;
-    s.number = 3;
-    s.name = "03_naive_cuda";
-    s.summary =
-        "the first GPU port: S = scale QK^T, softmax and O = PV as separate kernels "
-        "through global memory; naive backward";
-    s.adds = {"CUDA kernels, one thread per output element",
-              "one batched matmul kernel for every product (strides, transposes, GQA)",
-              "S and P materialised in global memory (B*H*M*N floats each)",
-              "a softmax kernel: a warp per row, three passes, LSE",
-              "backward: D = rowsum(dO o O), dP, dS = P o (dP - D), dQ, dK, dV",
-              "block masks and dropout applied element by element to the materialised S and P"};
-    s.device = Device::cuda;
-    s.caps.dtypes = {DType::f32};
-    s.caps.causal = true, s.caps.gqa = true, s.caps.backward = true;
-    s.caps.dropout = true, s.caps.block_sparse = true;
-    s.caps.limits =
-        "workspace 2 x batch*heads*seq_q*seq_k floats (S and P; the backward reuses S's buffer "
-        "for dP and dS), refused (exit 2) when it would not fit in free device memory; "
-        "masked blocks are computed and then thrown away";
-    s.variants = {{"naive", "GEMM, softmax, GEMM: one kernel each, S and P in global memory"}};
-    s.workspace = [](const Problem& p, const RunOptions&) { return workspace_bytes(p); };
-    s.run = run;
-    return s;
-  }();
+  static const Step s =
+      StepBuilder(3, "03_naive_cuda", Device::cuda,
+                  "the first GPU port: S = scale QK^T, softmax and O = PV as separate kernels "
+                  "through global memory; naive backward")
+          .adds({"CUDA kernels, one thread per output element",
+                 "one batched matmul kernel for every product (strides, transposes, GQA)",
+                 "S and P materialised in global memory (B*H*M*N floats each)",
+                 "a softmax kernel: a warp per row, three passes, LSE",
+                 "backward: D = rowsum(dO o O), dP, dS = P o (dP - D), dQ, dK, dV",
+                 "block masks and dropout applied element by element to the materialised S and P"})
+          .dtypes({DType::f32})
+          .backward()
+          .dropout()
+          .block_sparse()
+          .limits(
+              "workspace 2 x batch*heads*seq_q*seq_k floats (S and P; the backward reuses S's "
+              "buffer for dP and dS), refused (exit 2) when it would not fit in free device "
+              "memory; masked blocks are computed and then thrown away")
+          .variants({{"naive", "GEMM, softmax, GEMM: one kernel each, S and P in global memory"}})
+          .workspace([](const Problem& p, const RunOptions&) { return workspace_bytes(p); })
+          .run(run);
   return s;
 }
 

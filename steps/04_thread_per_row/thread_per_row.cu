@@ -30,6 +30,8 @@ namespace ladder {
 namespace {
 
 constexpr int kThreads = 128;  // query rows per block, all of one (batch, head)
+// The head dims the kernel is instantiated for (it keeps q_i and O_i in registers).
+using HeadDims = Dims<16, 32, 64, 96, 128, 256>;
 
 struct Shape {  // what the kernel needs of the Problem (which is host-only)
   int64_t heads, heads_kv, seq_q, seq_k;
@@ -138,21 +140,9 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
                   unsigned(p.batch));
   const float *q = g.q.get(), *k = g.k.get(), *v = g.v.get();
   float *o = g.o.get(), *l = g.lse.get();
-  g.forward([&] {  // one instantiation per head dim the descriptor lists
-    switch (p.dim) {
-      case 16:
-        return launch<16>(grid, q, k, v, o, l, s);
-      case 32:
-        return launch<32>(grid, q, k, v, o, l, s);
-      case 64:
-        return launch<64>(grid, q, k, v, o, l, s);
-      case 96:
-        return launch<96>(grid, q, k, v, o, l, s);
-      case 128:
-        return launch<128>(grid, q, k, v, o, l, s);
-      default:
-        return launch<256>(grid, q, k, v, o, l, s);
-    }
+  g.forward([&] {  // the instantiation for p.dim, one of HeadDims (the runner checked it)
+    HeadDims::dispatch(p.dim,
+                       [&](auto dim) { launch<decltype(dim)::value>(grid, q, k, v, o, l, s); });
   });
   g.result.workspace_bytes = 0;  // m_i, l_i, q_i and O_i live in registers
   g.result.config =
@@ -163,29 +153,23 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
 }  // namespace
 
 const Step& step_04() {
-  static const Step s = [] {
-    Step s;
-    s.number = 4;
-    s.name = "04_thread_per_row";
-    s.summary =
-        "one fused kernel, one thread per query row: online softmax over every visible "
-        "key, S and P never stored";
-    s.adds = {"one fused kernel, one thread per query row",
-              "online softmax over keys streamed from global memory",
-              "q_i and the unnormalised O_i in registers (kernel templated on d)",
-              "no S or P in memory: O(1) workspace"};
-    s.device = Device::cuda;
-    s.caps.dtypes = {DType::f32};
-    s.caps.head_dims = {16, 32, 64, 96, 128, 256};
-    s.caps.causal = true, s.caps.gqa = true, s.caps.backward = false;
-    s.caps.max_batch = s.caps.max_heads = 65535;  // grid.z and grid.y
-    s.caps.limits =
-        "no workspace: q_i, O_i, m_i, l_i live in registers (d = 256 spills to local memory)";
-    s.variants = {
-        {"thread-per-row", "one thread per query row streams K and V from global memory"}};
-    s.run = run;
-    return s;
-  }();
+  static const Step s =
+      StepBuilder(4, "04_thread_per_row", Device::cuda,
+                  "one fused kernel, one thread per query row: online softmax over every visible "
+                  "key, S and P never stored")
+          .adds({"one fused kernel, one thread per query row",
+                 "online softmax over keys streamed from global memory",
+                 "q_i and the unnormalised O_i in registers (kernel templated on d)",
+                 "no S or P in memory: O(1) workspace"})
+          .dtypes({DType::f32})
+          .head_dims(HeadDims())
+          .max_sizes(kGridLimits.batch, kGridLimits.heads, 0)  // grid.z and grid.y
+          .limits(
+              "no workspace: q_i, O_i, m_i, l_i live in registers (d = 256 spills to local "
+              "memory)")
+          .variants(
+              {{"thread-per-row", "one thread per query row streams K and V from global memory"}})
+          .run(run);
   return s;
 }
 

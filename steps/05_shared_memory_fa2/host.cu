@@ -1,15 +1,16 @@
-// Step 05's host side: the descriptor (what it supports), the variants, the tile choice (the
-// FlashAttention block-size rule) and the launches. The algorithm is row_per_thread.cuh (the
-// first kernel to read), shared_memory_fa2.cuh (forward) and shared_memory_fa2_backward.cuh
-// (backward).
+// Step 05's host side: the descriptor (what it supports; the head dims and dtypes are in
+// capabilities.hpp), the variants, the tile choice (the FlashAttention block-size rule) and the
+// launches. The algorithm is row_per_thread.cuh (the first kernel to read),
+// shared_memory_fa2.cuh (forward) and shared_memory_fa2_backward.cuh (backward).
 #include <algorithm>
 #include <iostream>
-#include <optional>
 #include <string>
 #include <type_traits>
+#include <vector>
 
-#include "fault.hpp"
+#include "capabilities.hpp"
 #include "error.hpp"
+#include "fault.hpp"
 #include "gpu_run.cuh"
 #include "shared_memory_fa2_backward.cuh"
 #include "steps.hpp"
@@ -61,29 +62,15 @@ Fwd kind_of(const RunOptions& opt) {
   return variant_named(opt).kind;
 }
 
-// Br cap for the forward's default (the rule gives 32, 64, 96, 112 for d = 32, 64, 96, 128 on
-// an H100). The H100 sweep (notes/05) measured Br = 64 and 128 equal at d = 64 and 128, and
-// 48, 96 slower: 64 keeps the rule's value at d = 64 with half the block of 128.
-constexpr int kBrCap = 64;
-
 std::string kb(size_t bytes) {
   return std::to_string(bytes / 1024) + "." + std::to_string(bytes % 1024 * 10 / 1024) + " KB";
 }
 
-// Calls f(std::integral_constant<int, D>) for the run's head dim (one of the descriptor's):
-// the kernels are templates on D, so the micro-tile loops unroll and O_i lives in registers.
+// Calls f(std::integral_constant<int, D>) for the run's head dim, one of HeadDims (the runner
+// checked it against the descriptor).
 template <class F>
 void with_dim(int64_t d, F&& f) {
-  switch (d) {
-    case 32:
-      return f(std::integral_constant<int, 32>());
-    case 64:
-      return f(std::integral_constant<int, 64>());
-    case 96:
-      return f(std::integral_constant<int, 96>());
-    default:
-      return f(std::integral_constant<int, 128>());
-  }
+  HeadDims::dispatch(d, f);
 }
 
 size_t bwd_smem_bytes_for(int64_t d) {
@@ -166,16 +153,6 @@ Tiles tiles_and_features(const Problem& p, const RunOptions& opt, const DeviceIn
   return choose_tiles(p, opt, dev);
 }
 
-// The block lists' bytes (int32 counts and indices), at most: the forward's per (b, h, query
-// block), the backward's per (b, h, key block); a mask shared by every batch or head (first
-// dimensions of 1) needs fewer.
-double mask_list_bytes(const Problem& p) {
-  if (!p.sparsity.active()) return 0.0;
-  const double rows = double(p.batch) * double(p.heads), qb = double(p.q_blocks()),
-               kb = double(p.k_blocks());
-  return 4.0 * rows * (qb * (1.0 + kb) + (p.backward ? kb * (1.0 + qb) : 0.0));
-}
-
 // Device memory beyond inputs and outputs: LSE's rounding residual (1 float per row, see
 // store_lse); fa1 keeps m, l in HBM (2 floats per row); the backward adds D (1 float per row)
 // and the fp32 dQ accumulator (B*H*M*d floats).
@@ -186,18 +163,8 @@ double buffer_bytes(const Problem& p, const RunOptions& opt) {
 }
 // ... and a block-sparse run's block lists (what the runner checks against free memory).
 double workspace_bytes(const Problem& p, const RunOptions& opt) {
-  return buffer_bytes(p, opt) + mask_list_bytes(p);
+  return buffer_bytes(p, opt) + block_list_bytes(p);
 }
-
-// A block mask's CSR lists on the device (common/block_mask.hpp).
-struct DeviceLists {
-  DeviceBuffer<int32_t> count, index;
-  explicit DeviceLists(const BlockLists& l) : count(l.count.size()), index(l.index.size()) {
-    count.upload(l.count);
-    index.upload(l.index);
-  }
-  double bytes() const { return double(count.bytes() + index.bytes()); }
-};
 
 unsigned blocks_for(int64_t n, int threads) {
   return unsigned((n + threads - 1) / threads);
@@ -214,23 +181,17 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
   DeviceBuffer<float> m_hbm{fa1 ? size_t(rows) : 0}, l_hbm{fa1 ? size_t(rows) : 0};
 
   FwdParams fp{};
-  fp.q = g.q.get(), fp.k = g.k.get(), fp.v = g.v.get(), fp.o = g.o.get();
-  fp.lse = g.lse.get(), fp.lse_lo = lse_lo.get();
-  fp.batch = int(p.batch), fp.heads = int(p.heads), fp.heads_kv = int(p.heads_kv);
-  fp.group = int(p.group()), fp.seq_q = int(p.seq_q), fp.seq_k = int(p.seq_k);
-  fp.Br = br, fp.scale = scale * (kFault ? 1.005f : 1.0f), fp.causal = p.causal;  // fault: 0.5 %
-  // Block-sparse: the lists of kept key blocks (and, for the backward, of kept query blocks),
-  // built and uploaded once, outside the timed region, as FlexAttention builds its BlockMask.
+  g.forward_tensors(fp);
+  fp.lse_lo = lse_lo.get();
+  set_problem(fp, p);
+  fp.Br = br, fp.scale = scale * (kFault ? 1.005f : 1.0f);  // the fault build: 0.5 % off
+  // Block-sparse: the lists of kept key blocks (and, for the backward, of kept query blocks).
   const BlockMask& m = in.mask;
-  std::optional<DeviceLists> kv_lists, q_lists;
+  DeviceBlockLists kv_lists, q_lists;
   if (!m.empty()) {
-    kv_lists.emplace(kv_block_lists(m));
-    fp.blk_count = kv_lists->count.get(), fp.blk_index = kv_lists->index.get();
-    fp.mask_batch = int(m.batch), fp.mask_heads = int(m.heads);
-    fp.mask_q_blocks = int(m.q_blocks), fp.mask_k_blocks = int(m.k_blocks);
-    fp.mask_block_q = int(m.block_q), fp.mask_block_k = int(m.block_k);
+    kv_lists = DeviceBlockLists(kv_block_lists(m));
+    set_block_mask(fp, kv_lists, m);
   }
-  fp.dropout_p = p.dropout, fp.dropout_seed = p.dropout_seed;
   const int fwd_threads = kind == Fwd::row ? kRowBr : kTX * br / kTM;
   const size_t fwd_smem =
       kind == Fwd::row ? row_smem_bytes(int(d)) : fwd_smem_bytes(int(d), br, fa1, pad);
@@ -272,13 +233,12 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
       }
     });
   });
-  g.result.workspace_bytes = buffer_bytes(p, opt) + (kv_lists ? kv_lists->bytes() : 0.0);
+  g.result.workspace_bytes = buffer_bytes(p, opt) + kv_lists.bytes();
   g.result.config = std::string(variant_named(opt).name) + ": Br=" + std::to_string(br) +
                     " Bc=" + std::to_string(kind == Fwd::row ? kRowBc : kBc) +
                     " threads=" + std::to_string(fwd_threads) + " smem=" + kb(fwd_smem);
   if (opt.verbose) {
-    DeviceInfo dev = require_device();
-    const Rule r = flash_rule(dev, d);
+    const Rule r = flash_rule(opt.device, d);
     std::cout << "  tiles: FlashAttention rule with M_sram = " << r.sram_floats
               << " floats (the shared memory one block may opt in to): Bc = ceil(M_sram / 4d) = "
               << r.bc << ", Br = min(Bc, d) = " << r.br << "; this kernel: Bc = " << kBc
@@ -288,20 +248,14 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
   if (p.backward) {
     DeviceBuffer<float> dsum{size_t(rows)}, dq_acc{size_t(p.q_numel())};
     BwdParams bp{};
-    bp.q = g.q.get(), bp.k = g.k.get(), bp.v = g.v.get(), bp.o = g.o.get(), bp.dout = g.dout.get();
-    bp.lse = g.lse.get(), bp.lse_lo = lse_lo.get(), bp.dsum = dsum.get(), bp.dq_acc = dq_acc.get();
-    bp.dq = g.dq.get(), bp.dk = g.dk.get(), bp.dv = g.dv.get();
-    bp.batch = int(p.batch), bp.heads = int(p.heads), bp.heads_kv = int(p.heads_kv);
-    bp.group = int(p.group()), bp.seq_q = int(p.seq_q), bp.seq_k = int(p.seq_k);
-    bp.scale = scale, bp.causal = p.causal;
+    g.backward_tensors(bp);
+    bp.lse_lo = lse_lo.get(), bp.dsum = dsum.get(), bp.dq_acc = dq_acc.get();
+    set_problem(bp, p);
+    bp.scale = scale;
     if (!m.empty()) {
-      q_lists.emplace(q_block_lists(m));  // outside the timed region, as the forward's
-      bp.blk_count = q_lists->count.get(), bp.blk_index = q_lists->index.get();
-      bp.mask_batch = fp.mask_batch, bp.mask_heads = fp.mask_heads;
-      bp.mask_q_blocks = fp.mask_q_blocks, bp.mask_k_blocks = fp.mask_k_blocks;
-      bp.mask_block_q = fp.mask_block_q, bp.mask_block_k = fp.mask_block_k;
+      q_lists = DeviceBlockLists(q_block_lists(m));
+      set_block_mask(bp, q_lists, m);
     }
-    bp.dropout_p = p.dropout, bp.dropout_seed = p.dropout_seed;
     const size_t bwd_smem = bwd_smem_bytes_for(d);
     with_dim(d, [&](auto dim) {
       constexpr int D = decltype(dim)::value;
@@ -310,56 +264,60 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
         CUDA_CHECK_LAUNCH();
       });
     });
-    g.result.workspace_bytes += q_lists ? q_lists->bytes() : 0.0;
+    g.result.workspace_bytes += q_lists.bytes();
     g.result.config += "; bwd: Br=" + std::to_string(kBrBwd) + " Bc=" + std::to_string(kBc) +
                        " threads=" + std::to_string(kBwdThreads) + " smem=" + kb(bwd_smem);
   }
   return g.finish(out);
 }
 
+// The variants as the descriptor lists them: kVariants' rows, dropout and block masks in 'fa2'.
+std::vector<Variant> variants() {
+  std::vector<Variant> vs;
+  for (const FwdVariant& v : kVariants) {
+    Variant x{v.name, v.summary};
+    x.dropout = x.block_sparse = v.kind == Fwd::fa2;
+    vs.push_back(x);
+  }
+  return vs;
+}
+
 }  // namespace
 
 const Step& step_05() {
-  static const Step s = [] {
-    Step s;
-    s.number = 5;
-    s.name = "05_shared_memory_fa2";
-    s.summary =
-        "FlashAttention-2 tiling in fp32: a block per Q tile, K/V tiles in shared memory, "
-        "register micro-tiles, deferred rescale, LSE; the path from one thread per row and the "
-        "FA1 loop order as variants; FA2 backward";
-    s.adds = {"a block per Q tile, K/V tiles staged in shared memory (FA2 loop order)",
-              "register micro-tiles of S and O per thread",
-              "row max and sum by warp shuffles, one division by l at the end",
-              "causal: tiles past the diagonal skipped, the mask only on straddling tiles",
-              "Br from the FlashAttention block-size rule",
-              "FA1 loop order as a variant",
-              "FA2 backward: D pre-pass, a block per K/V tile, dQ by fp32 atomics",
-              "block-sparse masks: masked tiles skipped, K/V never loaded",
-              "dropout regenerated per element (Philox), never stored"};
-    s.device = Device::cuda;
-    s.caps.dtypes = {DType::f32};
-    s.caps.head_dims = {32, 64, 96, 128};
-    s.caps.causal = true, s.caps.gqa = true, s.caps.backward = true;
-    // Dropout and block masks: the fa2 variant (the runner refuses the others with them).
-    s.caps.dropout = true, s.caps.block_sparse = true;
-    s.caps.max_batch = s.caps.max_heads = 65535;  // grid.z and grid.y
-    s.caps.max_seq = int64_t(1) << 30;            // 32-bit row indices
-    s.caps.limits = "forward Bc = 64 (compiled), Br from the FlashAttention rule capped at " +
-                    std::to_string(kBrCap) +
-                    "; --tile-q a multiple of 16 in [16, 128], --tile-k 64 only ('row': 64 x 32 "
-                    "compiled); backward Br = Bc = 64; dropout and block-sparse masks in the "
-                    "'fa2' variant only, mask blocks multiples of the tiles";
-    for (const FwdVariant& v : kVariants) {
-      Variant x{v.name, v.summary};
-      x.dropout = x.block_sparse = v.kind == Fwd::fa2;
-      s.variants.push_back(x);
-    }
-    s.tiles = tiles_and_features;
-    s.workspace = workspace_bytes;
-    s.run = run;
-    return s;
-  }();
+  static const Step s =
+      StepBuilder(
+          5, "05_shared_memory_fa2", Device::cuda,
+          "FlashAttention-2 tiling in fp32: a block per Q tile, K/V tiles in shared memory, "
+          "register micro-tiles, deferred rescale, LSE; the path from one thread per row and "
+          "the FA1 loop order as variants; FA2 backward")
+          .adds({"a block per Q tile, K/V tiles staged in shared memory (FA2 loop order)",
+                 "register micro-tiles of S and O per thread",
+                 "row max and sum by warp shuffles, one division by l at the end",
+                 "causal: tiles past the diagonal skipped, the mask only on straddling tiles",
+                 "Br from the FlashAttention block-size rule", "FA1 loop order as a variant",
+                 "FA2 backward: D pre-pass, a block per K/V tile, dQ by fp32 atomics",
+                 "block-sparse masks: masked tiles skipped, K/V never loaded",
+                 "dropout regenerated per element (Philox), never stored"})
+          .dtypes(kDTypes)
+          .head_dims(HeadDims())
+          .backward()
+          .dropout()  // dropout and block masks: the fa2 variant (the runner refuses the others)
+          .block_sparse()
+          .max_sizes(kGridLimits)
+          .limits("forward Bc = " + std::to_string(kBc) +
+                  " (compiled), Br from the FlashAttention rule capped at " +
+                  std::to_string(kBrCap) + "; --tile-q a multiple of " + std::to_string(kBrStep) +
+                  " in [" + std::to_string(kBrStep) + ", " + std::to_string(kBrMax) +
+                  "], --tile-k " + std::to_string(kBc) + " only ('row': " + std::to_string(kRowBr) +
+                  " x " + std::to_string(kRowBc) + " compiled); backward Br = " +
+                  std::to_string(kBrBwd) + " and Bc = " + std::to_string(kBc) +
+                  "; dropout and block-sparse masks in the 'fa2' variant only, mask blocks "
+                  "multiples of the tiles")
+          .variants(variants())
+          .tiles(tiles_and_features)
+          .workspace(workspace_bytes)
+          .run(run);
   return s;
 }
 

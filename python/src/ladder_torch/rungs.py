@@ -46,7 +46,8 @@ RUNGS: dict[int, Rung] = {
             6,
             "06_tensor_core_fa2",
             "cuda",
-            sources=("rung06_d32.cu", "rung06_d64.cu", "rung06_d96.cu", "rung06_d128.cu"),
+            # rung06.cuh's parts, compiled in parallel
+            sources=tuple(f"rung06_part{i}.cu" for i in range(4)),
             include_dirs=("steps/06_tensor_core_fa2",),
         ),
         Rung(

@@ -1,0 +1,7 @@
+// Rung 06, part 0 of rung06.cuh's kParts: its head dims, bf16 and fp16, registered when the
+// extension loads.
+#include "rung06.cuh"
+
+namespace {
+const bool kPart0 = ladder_torch::rung06::register_part<0>();
+}  // namespace

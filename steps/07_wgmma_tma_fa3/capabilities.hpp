@@ -1,0 +1,13 @@
+// What step 07's kernels are built for, written once: the step's descriptor (host.cu) and the
+// PyTorch adaptor (python/csrc/rung07.cpp) both read it. The kernels' own table of
+// instantiations (wgmma_tma_fa3.cu, wgmma_tma_fa3_backward.cu) holds exactly these.
+#pragma once
+#include "dims.hpp"
+#include "dtype.hpp"
+
+namespace ladder::step07 {
+
+inline constexpr DType kDTypes[] = {DType::bf16, DType::f16};  // bf16: the default
+using HeadDims = Dims<64, 128>;                                // forward and backward
+
+}  // namespace ladder::step07
