@@ -29,12 +29,12 @@ __device__ __forceinline__ void producer(unsigned char* smem, const CUtensorMap*
     return;
   }
   {
-    const int j0 = int(blockIdx.x) * kBc, bhk = int(blockIdx.z) * p.heads_kv + int(blockIdx.y);
+    const int j0 = int(blockIdx.x) * kBc, hk = int(blockIdx.y), b = int(blockIdx.z);
     mbar_arrive_expect_tx(&g_bars.kv, 2 * C::kKVBytes);
 #pragma unroll
     for (int hf = 0; hf < D / 64; ++hf) {
-      tma_load_3d(smem + C::kK + hf * kBc * kRowBytes, tm_k, &g_bars.kv, hf * 64, j0, bhk);
-      tma_load_3d(smem + C::kV + hf * kBc * kRowBytes, tm_v, &g_bars.kv, hf * 64, j0, bhk);
+      tma_load_4d(smem + C::kK + hf * kBc * kRowBytes, tm_k, &g_bars.kv, hf * 64, j0, hk, b);
+      tma_load_4d(smem + C::kV + hf * kBc * kRowBytes, tm_v, &g_bars.kv, hf * 64, j0, hk, b);
     }
   }
   const Pipeline<kStages> q = q_ring(), dO = do_ring();
@@ -49,14 +49,15 @@ __device__ __forceinline__ void producer(unsigned char* smem, const CUtensorMap*
     mbar_arrive_expect_tx(fq, C::kQBytes + kBr * 4);
 #pragma unroll
     for (int hf = 0; hf < D / 64; ++hf)
-      tma_load_3d(smem + C::kQ + st * C::kQBytes + hf * kBr * kRowBytes, tm_q, fq, hf * 64, i0, bh);
+      tma_load_4d(smem + C::kQ + st * C::kQBytes + hf * kBr * kRowBytes, tm_q, fq, hf * 64, i0, h,
+                  int(blockIdx.z));
     bulk_load(smem + C::kL + st * kBr * 4, p.lse2 + size_t(bh) * p.m_pad + i0, kBr * 4, fq);
     uint64_t* fd = dO.full_bar(x);
     mbar_arrive_expect_tx(fd, C::kQBytes + kBr * 4);
 #pragma unroll
     for (int hf = 0; hf < D / 64; ++hf)
-      tma_load_3d(smem + C::kDO + st * C::kQBytes + hf * kBr * kRowBytes, tm_do, fd, hf * 64, i0,
-                  bh);
+      tma_load_4d(smem + C::kDO + st * C::kQBytes + hf * kBr * kRowBytes, tm_do, fd, hf * 64, i0, h,
+                  int(blockIdx.z));
     bulk_load(smem + C::kDsum + st * kBr * 4, p.dsum + size_t(bh) * p.m_pad + i0, kBr * 4, fd);
     if (!walk.valid(p)) break;
   }

@@ -423,14 +423,14 @@ struct ItemSteps {
             pack2<T>(o[4 * cb + 2 * r] * inv_l[r], o[4 * cb + 2 * r + 1] * inv_l[r]);
       }
     bar_sync(kBarEpilogue + wg, kWGThreads);
-    T* out = static_cast<T*>(p.o) + size_t(c.bh) * M * D;
+    T* out = static_cast<T*>(p.o) + c.b * p.o_strides.batch + c.h * p.o_strides.head;
     constexpr int kRowChunks = D / 8;
 #pragma unroll
     for (int k = 0; k < 64 * kRowChunks / kWGThreads; ++k) {
       const int idx = k * kWGThreads + tid, row = wg * 64 + idx / kRowChunks;
       const int col = (idx % kRowChunks) * 8;
       if (c.i0 + row < M)
-        *reinterpret_cast<uint4*>(out + size_t(c.i0 + row) * D + col) =
+        *reinterpret_cast<uint4*>(out + (c.i0 + row) * p.o_strides.row + col) =
             *reinterpret_cast<const uint4*>(so + at(row, col));
     }
   }

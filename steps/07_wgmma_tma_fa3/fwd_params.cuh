@@ -133,6 +133,7 @@ struct KParams {
   unsigned int* counter;
   unsigned long long* trace;
   const void *q, *k, *v;  // the wgmma variant's cp.async sources (the others use the maps)
+  Strides q_strides, k_strides, v_strides, o_strides;  // resolved (elements)
 };
 
 // ---- trace (compiled only into the kTrace instantiations) -------------------------------

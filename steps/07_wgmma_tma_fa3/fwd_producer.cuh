@@ -16,7 +16,7 @@ __device__ __forceinline__ void load_q(const Item& c, unsigned char* smem, uint6
   mbar_arrive_expect_tx(bar, S::kQBytes);
 #pragma unroll
   for (int hf = 0; hf < S::kHalves; ++hf)
-    tma_load_3d(smem + S::kQ + hf * S::kBr * kRowBytes, tm, bar, hf * 64, c.i0, c.bh);
+    tma_load_4d(smem + S::kQ + hf * S::kBr * kRowBytes, tm, bar, hf * 64, c.i0, c.h, c.b);
 }
 // K or V tile `tile` into stage `st` of the ring at byte offset `base`.
 template <class S>
@@ -26,54 +26,54 @@ __device__ __forceinline__ void load_kv(const Item& c, unsigned char* smem, cons
   // Concept: a TMA copy completes on an mbarrier by its bytes: the issuing thread announces
   // how many will land (arrive.expect_tx), then starts the copies, whose bytes count it down.
   //
-  // Copy K (or V) tile `tile`, rows tile * kBc .. of plane c.bhk, into stage st of the ring at
-  // byte offset `base`, completing on `full`. The stage holds S::kHalves column halves of
-  // kBc rows x 64 columns, half hf at hf * kBc * kRowBytes; tma_load_3d takes the box's
-  // coordinates innermost first (column, row, plane). Trap: the count is whole boxes, rows past
-  // the last key (zero-filled) included: too many bytes never complete the phase, too few let
-  // the consumers read a tile before it has landed.
+  // Copy K (or V) tile `tile`, rows tile * kBc .. of K/V head c.hk of batch c.b, into stage st
+  // of the ring at byte offset `base`, completing on `full`. The stage holds S::kHalves column
+  // halves of kBc rows x 64 columns, half hf at hf * kBc * kRowBytes; tma_load_4d takes the
+  // box's coordinates innermost first (column, row, head, batch). Trap: the count is whole boxes,
+  // rows past the last key (zero-filled) included: too many bytes never complete the phase, too few
+  // let the consumers read a tile before it has landed.
   mbar_arrive_expect_tx(full, S::kKVBytes);
 #pragma unroll
   for (int hf = 0; hf < S::kHalves; ++hf)
-    tma_load_3d(smem + base + st * S::kKVBytes + hf * kBc * kRowBytes, tm, full, hf * 64,
-                tile * kBc, c.bhk);
+    tma_load_4d(smem + base + st * S::kKVBytes + hf * kBc * kRowBytes, tm, full, hf * 64,
+                tile * kBc, c.hk, c.b);
   // EXERCISE END
 }
 
 // ---- cp.async issue (every thread of the CTA: the wgmma variant) ------------------------
-// Rows row0 .. row0 + kRows - 1 of a [rows][D] plane of 16-bit elements into the layout the
-// TMA writes (D / 64 column halves of [kRows][64], 16-byte chunk c of row r at chunk c ^ (r mod
-// 8)), rows past `rows` zero-filled as the TMA fills them. Each of the kThreads threads copies
-// every kThreads-th chunk; the caller commits the group.
+// Rows row0 .. row0 + kRows - 1 of one head of a 16-bit tensor (`head` points at its row 0,
+// rows `row` elements apart) into the layout the TMA writes (D / 64 column halves of
+// [kRows][64], 16-byte chunk c of row r at chunk c ^ (r mod 8)), rows past `rows` zero-filled as
+// the TMA fills them. Each of the kThreads threads copies every kThreads-th chunk; the caller
+// commits the group.
 template <int kRows, int D, int kThreads>
-__device__ __forceinline__ void cp_async_tile(uint32_t dst, const void* plane, int row0, int rows) {
+__device__ __forceinline__ void cp_async_tile(uint32_t dst, const void* base, int64_t head,
+                                              int64_t row, int row0, int rows) {
   constexpr int kChunks = D / 8;  // per row
   static_assert(kRows * kChunks % kThreads == 0, "whole chunks per thread");
 #pragma unroll
   for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
     const int idx = i * kThreads + int(threadIdx.x), r = idx / kChunks, cc = idx % kChunks;
     const bool valid = row0 + r < rows;
-    const size_t at = valid ? (size_t(row0 + r) * D + cc * 8) * 2 : 0;
+    const int64_t at = valid ? head + (row0 + r) * row + cc * 8 : 0;  // elements
     cp_async_16(dst + (cc / 8) * (kRows * kRowBytes) + r * kRowBytes + ((cc % 8) ^ (r % 8)) * 16,
-                static_cast<const unsigned char*>(plane) + at, valid);
+                static_cast<const uint16_t*>(base) + at, valid);
   }
 }
 template <class S, int D, int kThreads>
 __device__ __forceinline__ void cp_async_q(const Item& c, const KParams& p, uint32_t base) {
-  const size_t plane = size_t(c.bh) * p.seq_q * D * 2;
-  cp_async_tile<S::kBr, D, kThreads>(base + S::kQ, static_cast<const unsigned char*>(p.q) + plane,
+  const Strides& st = p.q_strides;
+  cp_async_tile<S::kBr, D, kThreads>(base + S::kQ, p.q, c.b * st.batch + c.h * st.head, st.row,
                                      c.i0, p.seq_q);
 }
 template <class S, int D, int kThreads>
 __device__ __forceinline__ void cp_async_kv(const Item& c, const KParams& p, uint32_t base, int st,
                                             int tile) {
-  const size_t plane = size_t(c.bhk) * p.seq_k * D * 2;
-  cp_async_tile<kBc, D, kThreads>(base + S::kK + st * S::kKVBytes,
-                                  static_cast<const unsigned char*>(p.k) + plane, tile * kBc,
-                                  p.seq_k);
-  cp_async_tile<kBc, D, kThreads>(base + S::kV + st * S::kKVBytes,
-                                  static_cast<const unsigned char*>(p.v) + plane, tile * kBc,
-                                  p.seq_k);
+  const Strides &ks = p.k_strides, &vs = p.v_strides;
+  cp_async_tile<kBc, D, kThreads>(base + S::kK + st * S::kKVBytes, p.k,
+                                  c.b * ks.batch + c.hk * ks.head, ks.row, tile * kBc, p.seq_k);
+  cp_async_tile<kBc, D, kThreads>(base + S::kV + st * S::kKVBytes, p.v,
+                                  c.b * vs.batch + c.hk * vs.head, vs.row, tile * kBc, p.seq_k);
 }
 
 // The K and V copies of one item into the stage of a ring use (`count`), with the hooks: the

@@ -192,19 +192,20 @@ __device__ __forceinline__ void cp_async_wait() {
 // TMA (cp.async.bulk.tensor), global -> shared
 // ---------------------------------------------------------------------------------------
 
-// Copies the box at coordinates (x, y, z) (innermost first, in elements) of the tensor that
-// `tmap` describes into shared memory at `dst`, and counts its bytes on `bar`. `tmap` must be
+// Copies the box at coordinates (x, y, z, w) (innermost first, in elements: the kernels' column,
+// row, head, batch) of the tensor that `tmap` describes into shared memory at `dst`, and counts
+// its bytes on `bar`. `tmap` must be
 // the address of a `const __grid_constant__ CUtensorMap` kernel parameter (or of one in
 // global/const memory after a tensormap fence). Out-of-bounds elements arrive as zeros.
 // Pitfalls: dst must be aligned to the swizzle pattern (1024 B for SWIZZLE_128B); the
 // shared::cluster destination form is used with the CTA's own address (valid for a 1-CTA
 // cluster, which every non-cluster launch is).
-__device__ __forceinline__ void tma_load_3d(void* dst, const void* tmap, uint64_t* bar, int x,
-                                            int y, int z) {
+__device__ __forceinline__ void tma_load_4d(void* dst, const void* tmap, uint64_t* bar, int x,
+                                            int y, int z, int w) {
   asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(smem_u32(bar)), "r"(x), "r"(y), "r"(z)
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(smem_u32(bar)), "r"(x), "r"(y), "r"(z), "r"(w)
       : "memory");
 }
 

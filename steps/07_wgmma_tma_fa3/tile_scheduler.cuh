@@ -25,8 +25,8 @@ struct TileWalk {
 
 // One work item: a query tile of one head.
 struct Item {
-  int i0, h, b, bh, bhk;  // first query row; head; batch; Q/O plane b*H+h; K/V plane
-  int n_unmasked;         // tiles below this index are visible to every row: no mask
+  int i0, h, b, bh, hk, bhk;  // first query row; head; batch; plane b*H+h; K/V head, plane
+  int n_unmasked;             // tiles below this index are visible to every row: no mask
   TileWalk walk;
 };
 
@@ -38,7 +38,8 @@ __device__ __forceinline__ Item make_item(const P& p, int mt, int bh) {
   c.i0 = mt * kBr;
   c.bh = bh;
   c.b = bh / p.heads, c.h = bh - c.b * p.heads;
-  c.bhk = c.b * (p.heads / p.group) + c.h / p.group;
+  c.hk = c.h / p.group;
+  c.bhk = c.b * (p.heads / p.group) + c.hk;
   // Keys this tile sees: all N, or (bottom-right causal: key j visible to query i iff
   // j <= i + N - M) up to the last row's last visible key; tiles past it are never loaded.
   const int last_row = min(c.i0 + kBr, M) - 1;

@@ -151,6 +151,10 @@ KParams kernel_params(const FwdPlan& plan) {
   k.counter = f.tile_counter;
   k.trace = f.trace;
   k.q = f.q, k.k = f.k, k.v = f.v;
+  k.q_strides = resolved(f.q_strides, f.heads, f.seq_q, f.dim);
+  k.k_strides = resolved(f.k_strides, f.heads_kv, f.seq_k, f.dim);
+  k.v_strides = resolved(f.v_strides, f.heads_kv, f.seq_k, f.dim);
+  k.o_strides = resolved(f.o_strides, f.heads, f.seq_q, f.dim);
   return k;
 }
 
@@ -290,6 +294,8 @@ FwdPlan make_plan(const FwdParams& f, Variant v) {
   require(f.q && f.k && f.v && f.o && f.lse, "null tensor pointer");
   for (const void* ptr : {f.q, f.k, f.v, static_cast<const void*>(f.o)})
     require(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, "Q, K, V, O must be 16-byte aligned");
+  for (const Strides& s : {f.q_strides, f.k_strides, f.v_strides, f.o_strides})
+    require(strides_ok(s), strides_rule());
   require(f.dropout_p >= 0.f && f.dropout_p < 1.f, "dropout_p must be in [0, 1)");
   const bool sparse = f.kv_count != nullptr;
   const bool extras = sparse || f.dropout_p > 0.f;
@@ -328,9 +334,12 @@ FwdPlan make_plan(const FwdParams& f, Variant v) {
   const CUtensorMapDataType t16 =
       f.bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   // Boxes of 64 columns (128 bytes) x the tile's rows.
-  encode_3d(plan.tensor_maps[0], f.q, t16, 2, f.dim, f.seq_q, f.batch * f.heads, 64, e.br);
-  encode_3d(plan.tensor_maps[1], f.k, t16, 2, f.dim, f.seq_k, f.batch * f.heads_kv, 64, kBc);
-  encode_3d(plan.tensor_maps[2], f.v, t16, 2, f.dim, f.seq_k, f.batch * f.heads_kv, 64, kBc);
+  encode_4d(plan.tensor_maps[0], f.q, t16, f.dim, f.seq_q, f.heads, f.batch,
+            resolved(f.q_strides, f.heads, f.seq_q, f.dim), e.br);
+  encode_4d(plan.tensor_maps[1], f.k, t16, f.dim, f.seq_k, f.heads_kv, f.batch,
+            resolved(f.k_strides, f.heads_kv, f.seq_k, f.dim), kBc);
+  encode_4d(plan.tensor_maps[2], f.v, t16, f.dim, f.seq_k, f.heads_kv, f.batch,
+            resolved(f.v_strides, f.heads_kv, f.seq_k, f.dim), kBc);
   plan.regs = set_smem_limit(e.fn, e.smem);
   if (!e.persistent) {
     plan.grid = dim3(unsigned(n_mt), unsigned(f.heads), unsigned(f.batch));

@@ -80,12 +80,27 @@ constexpr int query_tile(Variant v, int dim, bool extras, int seq_q) {
   return rows192 * 32 <= rows128 * 33 ? 192 : 128;
 }
 
+// Where element (b, h, r, x) of a [batch, heads, rows, dim] tensor sits: at b * batch + h * head
+// + r * row + x elements from its base (dim contiguous), so that a view such as
+// nn.Linear(...).view(B, T, H, d).transpose(1, 2) is read in place. All three 0 (the default):
+// the dense row-major layout of the contract. Each stride a multiple of 8 elements (16 bytes,
+// as the TMA unit and 16-byte accesses need).
+struct Strides {
+  int64_t batch = 0, head = 0, row = 0;
+  bool dense() const { return batch == 0 && head == 0 && row == 0; }
+};
+// The strides a tensor has: `s` itself, or, where it is all 0, the dense layout's.
+inline Strides resolved(Strides s, int heads, int rows, int dim) {
+  return s.dense() ? Strides{int64_t(heads) * rows * dim, int64_t(rows) * dim, dim} : s;
+}
+
 struct FwdParams {
-  const void* q = nullptr;  // [batch, heads, seq_q, dim], bf16 or fp16
-  const void* k = nullptr;  // [batch, heads_kv, seq_k, dim]
-  const void* v = nullptr;  // [batch, heads_kv, seq_k, dim]
-  void* o = nullptr;        // [batch, heads, seq_q, dim]
-  float* lse = nullptr;     // [batch, heads, seq_q]
+  const void* q = nullptr;                             // [batch, heads, seq_q, dim], bf16 or fp16
+  const void* k = nullptr;                             // [batch, heads_kv, seq_k, dim]
+  const void* v = nullptr;                             // [batch, heads_kv, seq_k, dim]
+  void* o = nullptr;                                   // [batch, heads, seq_q, dim]
+  float* lse = nullptr;                                // [batch, heads, seq_q] (dense)
+  Strides q_strides, k_strides, v_strides, o_strides;  // default: dense
   int batch = 0, heads = 0, heads_kv = 0, seq_q = 0, seq_k = 0, dim = 0;
   bool bf16 = true;
   float scale = 0.f;  // > 0 (see above)
@@ -201,13 +216,16 @@ struct BwdParams {
   const void* v = nullptr;     // [batch, heads_kv, seq_k, dim]
   const void* o = nullptr;     // [batch, heads, seq_q, dim]: the forward's output
   const void* dout = nullptr;  // [batch, heads, seq_q, dim]
-  const float* lse = nullptr;  // [batch, heads, seq_q]: the forward's, natural log
+  const float* lse = nullptr;  // [batch, heads, seq_q]: the forward's, natural log (dense)
   void* dq = nullptr;          // [batch, heads, seq_q, dim]
   void* dk = nullptr;          // [batch, heads_kv, seq_k, dim]
   void* dv = nullptr;          // [batch, heads_kv, seq_k, dim]
   float* dq_acc = nullptr;     // workspace (above)
   float* lse2 = nullptr;
   float* dsum = nullptr;
+  // Q, K, V, O and dO may be strided views (Strides, above); dQ, dK, dV and
+  // the workspace are dense.
+  Strides q_strides, k_strides, v_strides, o_strides, dout_strides;
   int batch = 0, heads = 0, heads_kv = 0, seq_q = 0, seq_k = 0, dim = 0;
   bool bf16 = true;
   float scale = 0.f;  // > 0: the forward's (with the Q it was given)

@@ -128,12 +128,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 constexpr int kPrepassThreads = 256, kPrepassRows = kPrepassThreads / 8;  // 8 lanes per row
 
 // Rows of the padded [B H, m_pad] workspace: D_i = rowsum(dO_i o O_i) (8 lanes per row, 16-byte
-// chunks, three xor-shuffles), L_i = LSE_i log2(e) with -inf -> +inf; the padding rows past
-// seq_q get D = 0, L = +inf (so P = 0 there). Then a grid-stride zeroing of dQ_acc.
+// chunks, three xor-shuffles; O and dO in their own strides), L_i = LSE_i log2(e) with -inf ->
+// +inf; the padding rows past seq_q get D = 0, L = +inf (so P = 0 there). Then a grid-stride
+// zeroing of dQ_acc.
 template <class T, int D>
 __global__ void __launch_bounds__(kPrepassThreads)
-    bwd_prepass_kernel(const T* o, const T* dout, const float* lse, float* lse2, float* dsum,
-                       float* dq_acc, int bh_count, int M, int m_pad) {
+    bwd_prepass_kernel(const T* o, const T* dout, Strides os, Strides ds, const float* lse,
+                       float* lse2, float* dsum, float* dq_acc, int heads, int bh_count, int M,
+                       int m_pad) {
   const int sub = threadIdx.x & 7;
   const int64_t rows = int64_t(bh_count) * m_pad;
   const int64_t row = int64_t(blockIdx.x) * kPrepassRows + threadIdx.x / 8;
@@ -142,10 +144,12 @@ __global__ void __launch_bounds__(kPrepassThreads)
   const bool real = row < rows && i < M;
   float acc = 0.f;
   if (real) {
-    const size_t src = (size_t(bh) * M + i) * D;
+    const int64_t b = bh / heads, h = bh - b * heads;
+    const T* orow = o + b * os.batch + h * os.head + i * os.row;
+    const T* drow = dout + b * ds.batch + h * ds.head + i * ds.row;
     for (int ch = sub; ch < D / 8; ch += 8) {
-      const uint4 a = *reinterpret_cast<const uint4*>(o + src + ch * 8);
-      const uint4 b = *reinterpret_cast<const uint4*>(dout + src + ch * 8);
+      const uint4 a = *reinterpret_cast<const uint4*>(orow + ch * 8);
+      const uint4 b = *reinterpret_cast<const uint4*>(drow + ch * 8);
       const uint32_t as[4] = {a.x, a.y, a.z, a.w}, bs[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -225,8 +229,10 @@ void launch_prepass_as(const BwdPlan& plan, cudaStream_t stream) {
   const int64_t rows = int64_t(bh) * m_pad;
   bwd_prepass_kernel<T, D>
       <<<unsigned((rows + kPrepassRows - 1) / kPrepassRows), kPrepassThreads, 0, stream>>>(
-          static_cast<const T*>(f.o), static_cast<const T*>(f.dout), f.lse, f.lse2, f.dsum,
-          f.dq_acc, bh, f.seq_q, m_pad);
+          static_cast<const T*>(f.o), static_cast<const T*>(f.dout),
+          resolved(f.o_strides, f.heads, f.seq_q, f.dim),
+          resolved(f.dout_strides, f.heads, f.seq_q, f.dim), f.lse, f.lse2, f.dsum, f.dq_acc,
+          f.heads, bh, f.seq_q, m_pad);
 }
 
 template <class T, int D>
@@ -332,6 +338,8 @@ BwdPlan make_bwd_plan(const BwdParams& f, BwdVariant v) {
         static_cast<const void*>(f.lse2), static_cast<const void*>(f.dsum)})
     require(reinterpret_cast<uintptr_t>(ptr) % 16 == 0,
             "Q, K, V, O, dO, dQ, dK, dV and the workspace must be 16-byte aligned");
+  for (const Strides& s : {f.q_strides, f.k_strides, f.v_strides, f.o_strides, f.dout_strides})
+    require(strides_ok(s), strides_rule());
   require(f.dropout_p >= 0.f && f.dropout_p < 1.f, "dropout_p must be in [0, 1)");
   const bool sparse = f.q_count != nullptr;
   const bool extras = sparse || f.dropout_p > 0.f;
@@ -358,11 +366,15 @@ BwdPlan make_bwd_plan(const BwdParams& f, BwdVariant v) {
   plan.br = e.br, plan.bc = kBc, plan.stages = kStages;
   const CUtensorMapDataType t16 =
       f.bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const int bh = f.batch * f.heads, bhk = f.batch * f.heads_kv;
-  encode_3d(plan.tensor_maps[0], f.q, t16, 2, f.dim, f.seq_q, bh, 64, e.br);
-  encode_3d(plan.tensor_maps[1], f.k, t16, 2, f.dim, f.seq_k, bhk, 64, kBc);
-  encode_3d(plan.tensor_maps[2], f.v, t16, 2, f.dim, f.seq_k, bhk, 64, kBc);
-  encode_3d(plan.tensor_maps[3], f.dout, t16, 2, f.dim, f.seq_q, bh, 64, e.br);
+  const int bh = f.batch * f.heads;
+  encode_4d(plan.tensor_maps[0], f.q, t16, f.dim, f.seq_q, f.heads, f.batch,
+            resolved(f.q_strides, f.heads, f.seq_q, f.dim), e.br);
+  encode_4d(plan.tensor_maps[1], f.k, t16, f.dim, f.seq_k, f.heads_kv, f.batch,
+            resolved(f.k_strides, f.heads_kv, f.seq_k, f.dim), kBc);
+  encode_4d(plan.tensor_maps[2], f.v, t16, f.dim, f.seq_k, f.heads_kv, f.batch,
+            resolved(f.v_strides, f.heads_kv, f.seq_k, f.dim), kBc);
+  encode_4d(plan.tensor_maps[3], f.dout, t16, f.dim, f.seq_q, f.heads, f.batch,
+            resolved(f.dout_strides, f.heads, f.seq_q, f.dim), e.br);
   encode_3d(plan.tensor_maps[4], f.dq_acc, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, f.dim, f.seq_q, bh,
             32, 64);
   plan.regs = set_smem_limit(e.fn, e.smem);

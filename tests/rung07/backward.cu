@@ -13,6 +13,7 @@
 //    O and LSE from the rung's own forward (checked by selftest.07), then for each variant dQ on
 //    sampled query rows and, up to seq 4096 (where the oracle's full backward of two heads takes
 //    seconds), dK and dV on sampled keys, of two heads.
+// 4. Strided layouts: Q, K, V, O, dO in [B, S, H, d] buffers: dK, dV the dense run's bits.
 // Error = max |got - ref| / max |ref| per tensor (small shapes) or over the sampled rows of a
 // tensor (large ones: a row of its own can be 0, dQ of a causal row that sees one key); tolerance 5
 // unit roundoffs of bf16 (2e-2) or 10 of fp16 (5e-3): several times the rounding of P, dS and the
@@ -256,6 +257,36 @@ void check_extras(int d) {
   }
 }
 
+// Q, K, V, O and dO read from [B, S, H, d] buffers through strides (a fused projection's view):
+// dK and dV must be the dense run's bits, dQ (fp32 sums in whatever order the CTAs finish) the
+// oracle's within the tolerance.
+template <class T>
+void check_strided(int d) {
+  for (const Case& cs : {kCases[9], kCases[4]}) {
+    Bwd<T> b(cs, d, 500);
+    b.prepare();
+    const ladder::Problem& p = b.p;
+    const std::string what = label(std::is_same_v<T, bf16>, d, cs.name) + ", [B, S, H, d] strides";
+    ladder::DeviceBuffer<T> q = bshd_copy(b.q.get(), p.batch, p.heads, p.seq_q, p.dim);
+    ladder::DeviceBuffer<T> k = bshd_copy(b.k.get(), p.batch, p.heads_kv, p.seq_k, p.dim);
+    ladder::DeviceBuffer<T> v = bshd_copy(b.v.get(), p.batch, p.heads_kv, p.seq_k, p.dim);
+    ladder::DeviceBuffer<T> o = bshd_copy(b.o.get(), p.batch, p.heads, p.seq_q, p.dim);
+    ladder::DeviceBuffer<T> dout = bshd_copy(b.dout.get(), p.batch, p.heads, p.seq_q, p.dim);
+    BwdParams s = b.params();
+    s.q = q.get(), s.k = k.get(), s.v = v.get(), s.o = o.get(), s.dout = dout.get();
+    s.q_strides = s.o_strides = s.dout_strides = bshd_strides(p.heads, p.seq_q, p.dim);
+    s.k_strides = s.v_strides = bshd_strides(p.heads_kv, p.seq_k, p.dim);
+    for (const BwdVariant var : kVariants) {
+      std::vector<unsigned char> dense_bits, strided_bits;
+      check_run(b, b.params(), var, what + " (dense)", &dense_bits);
+      check_run(b, s, var, what, &strided_bits);
+      const bool same = !dense_bits.empty() && dense_bits == strided_bits;
+      verdict(same, std::string(ladder::fa3::bwd_variant_name(var)) + " " + what + ": dK, dV " +
+                        (same ? "bit-identical to the dense run" : "DIFFER"));
+    }
+  }
+}
+
 // ---- large shapes -------------------------------------------------------------------------------
 
 template <class T>
@@ -407,6 +438,9 @@ int self_test(int argc, char** argv) {
   check_extras<fp16>(128);
   check_large<bf16>();
   check_large<fp16>();
+  check_strided<bf16>(64);
+  check_strided<bf16>(128);
+  check_strided<fp16>(128);
   std::printf("%s: %d failed\n", g_failures ? "FAIL" : "PASS", g_failures);
   return g_failures ? 1 : 0;
 }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cuda_util.cuh"
+#include "wgmma_tma_fa3.hpp"
 #include "inputs.hpp"
 #include "oracle.hpp"
 
@@ -126,6 +127,36 @@ Tensor download(const T* p, std::vector<int64_t> shape) {
   CUDA_CHECK(cudaMemcpy(h.data(), p, h.size() * sizeof(T), cudaMemcpyDeviceToHost));
   ladder::to_tensor(h, t);
   return t;
+}
+
+// ---- strided layouts ------------------------------------------------------------------------
+
+// [B, H, S, d] (the contract's layout) <-> [B, S, H, d], the layout of a fused projection's
+// view nn.Linear(...).view(B, S, H, d) that the rung reads and writes in place through
+// Strides; bthd_strides are those of the [B, S, H, d] buffer seen as [B, H, S, d].
+template <class T>
+std::vector<T> bhsd_to_bshd(const std::vector<T>& x, int64_t B, int64_t H, int64_t S, int64_t d,
+                            bool inverse = false) {
+  std::vector<T> y(x.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t bhsd = ((b * H + h) * S + s) * d, bshd = ((b * S + s) * H + h) * d;
+        std::copy_n(&x[size_t(inverse ? bshd : bhsd)], d, &y[size_t(inverse ? bhsd : bshd)]);
+      }
+  return y;
+}
+inline ladder::fa3::Strides bshd_strides(int64_t H, int64_t S, int64_t d) {
+  return {S * H * d, d, H * d};
+}
+// A [B, S, H, d] copy of a [B, H, S, d] device tensor, on the device.
+template <class T>
+ladder::DeviceBuffer<T> bshd_copy(const T* bhsd, int64_t B, int64_t H, int64_t S, int64_t d) {
+  ladder::DeviceBuffer<T> y(size_t(B * H * S * d));
+  std::vector<T> h(y.size());
+  CUDA_CHECK(cudaMemcpy(h.data(), bhsd, y.bytes(), cudaMemcpyDeviceToHost));
+  y.upload(bhsd_to_bshd(h, B, H, S, d));
+  return y;
 }
 
 // ---- device buffers with canaries ---------------------------------------------------------
