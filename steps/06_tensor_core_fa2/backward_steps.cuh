@@ -1,11 +1,12 @@
 // The steps of step 06's backward main kernel (backward_kernel, tensor_core_fa2_backward.cuh),
-// inlined into it; the item loop's own steps (S^T, P^T, dP^T, dS^T, dV_j and dK_j) are written
-// out in the kernel, and its masks are in masks.cuh. An item is one (query head of the GQA
-// group, Q tile i); per warp, the C fragments of its 16 keys x the item's Br queries.
+// inlined into it; the masks are in masks.cuh, and the kernel writes out dropout's Z and the
+// products dV_j += P^T dO_i, dK_j += dS^T Q_i. An item is one (query head of the GQA group, Q
+// tile i); per warp, the C fragments of its 16 keys x the item's Br queries.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 
+#include "dropout.hpp"
 #include "exercise.hpp"
 #include "mma.cuh"
 #include "tiles.cuh"
@@ -68,6 +69,115 @@ __device__ __forceinline__ void load_item(const BwdItem& it, int s, T* sQ, T* sd
     const float* src = (tid < kBr ? p.lse2 : p.dsum) + bh * M + row;
     cp_async_4((tid < kBr ? sL : sD) + s * kBr + r, src, i0 + r < M);
   }
+}
+
+// ---- the item loop's steps that hold references ----
+// RecomputeP and DsTile hold references to the kernel's values, as step 07's ItemSteps does:
+// written so, inlined, they hand ptxas the code the item loop had with them written out in it,
+// where the same steps as functions of by-value arguments (or lambdas) changed its register
+// allocation in some instantiations.
+
+// P^T from S^T, recomputed from the saved L_i = LSE_i log2(e) (sLi: the item's stage), rounded
+// to T and packed in pairs: p_t[nt][rh] holds key w_row0 + g + 8 rh, queries 8 nt + 2t and
+// 8 nt + 2t + 1 (the C layout of S^T). The fp32 S^T dies here, which leaves the registers for
+// dP^T.
+template <class C, class T, class Args>
+struct RecomputeP {
+  static constexpr int kNT = C::kBr / 8;
+  const Args& p;
+  const int& t;  // this lane's t (g = lane / 4, t = lane % 4)
+
+  __device__ __forceinline__ void operator()(uint32_t (&p_t)[kNT][2], const float (&s_t)[kNT][4],
+                                             const float* sLi) const {
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      const float2 li = *reinterpret_cast<const float2*>(sLi + nt * 8 + 2 * t);
+#pragma unroll
+      for (int rh = 0; rh < 2; ++rh) {
+        float pe[2];
+        // EXERCISE BEGIN backward-p [medium]
+        // Concept: P recomputed from the saved LSE in base 2: exp(scale S - LSE) as one fmaf
+        // and one exp2.
+        //
+        // Into pe[e], e = 0, 1: P of this lane's two scores s_t[nt][2 rh + e] (unscaled,
+        // queries 8 nt + 2t + e), from the saved L = LSE log2(e) of those queries in li.x,
+        // li.y (the pre-pass made it), p.scale_log2 and fast_exp2 (mma.cuh). Trap: masked
+        // scores are -inf, and L is +inf for a query with no visible key: both must give
+        // P = 0, never NaN.
+        pe[0] = fast_exp2(fmaf(s_t[nt][2 * rh], p.scale_log2, -li.x));
+        pe[1] = fast_exp2(fmaf(s_t[nt][2 * rh + 1], p.scale_log2, -li.y));
+        // EXERCISE END
+        p_t[nt][rh] = pack2<T>(pe[0], pe[1]);
+      }
+    }
+  }
+};
+
+// dS^T = P^T o (dP^T - D_i) for n8 tile nt of the item's queries (sDi: the item's stage of D),
+// from the rounded P (the P that dV uses), packed like P^T into ds_t. With dropout, Z of the
+// 16 x 16 block of S^T that holds tile nt (this warp's keys, queries 16 (nt / 2)..: z, which the
+// kernel regenerates) first turns dP^T into dP^T o Z / (1 - p) and P^T, for dV, into P^T o Z; dS
+// takes the undropped P.
+//   Z in the S^T layout: lane (g, t) holds keys {g, g + 8} x queries {2t, 2t + 1, 2t + 8,
+//   2t + 9} of the block, which the forward's layout spreads over lanes 8t + g / 2 and
+//   8t + 4 + g / 2, four halves of each one's Philox call. Two calls per lane would double
+//   the generator (about 40 instructions per call: 10 rounds of 2 IMAD.WIDE + 2 LOP3).
+//   Instead each lane makes the forward's call for its own lane number: those 8 halves
+//   are the transposed block's, and as four 8 x 8 matrices of 16-bit values in the
+//   fragment layout, one movmatrix each (transpose_b16) hands every lane its own: one
+//   Philox call + 4 movmatrix per 16 x 16 block (about 44 instructions for 8 elements),
+//   then per element about 4.5 (compare, two selects, a multiply, half a pack).
+template <class C, bool kDropout, class T, class Args>
+struct DsTile {
+  static constexpr int kNT = C::kBr / 8;
+  uint32_t (&ds_t)[kNT][2];
+  uint32_t (&p_t)[kNT][2];
+  float (&dp_t)[kNT][4];
+  const Args& p;
+  const int& t;
+  uint32_t (&z)[4];  // dropout: Z of the 16 x 16 block of tiles nt & ~1, nt | 1
+  const float* const& sDi;
+
+  __device__ __forceinline__ void operator()(const int& nt) const {
+    const float2 di = *reinterpret_cast<const float2*>(sDi + nt * 8 + 2 * t);
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) {
+      const float2 pe = unpack2<T>(p_t[nt][rh]);
+      [[maybe_unused]] uint32_t p_dropped;
+      if constexpr (kDropout) {
+        const uint32_t w = z[(nt & 1) * 2 + rh];
+        const bool keep0 = (w & 0xffffu) >= p.drop_thresh, keep1 = w >= (p.drop_thresh << 16);
+        dp_t[nt][2 * rh] = keep0 ? dp_t[nt][2 * rh] * p.drop_scale : 0.f;
+        dp_t[nt][2 * rh + 1] = keep1 ? dp_t[nt][2 * rh + 1] * p.drop_scale : 0.f;
+        p_dropped = pack2<T>(keep0 ? pe.x : 0.f, keep1 ? pe.y : 0.f);
+      }
+      float ds[2];
+      // EXERCISE BEGIN backward-ds [easy]
+      // Concept: dS = P o (dP - D) per element, in the S^T fragment layout.
+      //
+      // Into ds[e], e = 0, 1: the softmax backward of this lane's two elements (derived in
+      // notes/00_cpu_reference.md) from P in pe.x, pe.y (rounded to T, the P that dV uses),
+      // dP in dp_t[nt][2 rh + e] (dropout already applied) and D_i of their queries in
+      // di.x, di.y.
+      ds[0] = pe.x * (dp_t[nt][2 * rh] - di.x);
+      ds[1] = pe.y * (dp_t[nt][2 * rh + 1] - di.y);
+      // EXERCISE END
+      ds_t[nt][rh] = pack2<T>(ds[0], ds[1]);
+      if constexpr (kDropout) p_t[nt][rh] = p_dropped;  // dV's operand: P o Z
+    }
+  }
+};
+
+// dS^T into shared memory for the dQ product: the A fragment ads of k-step kk (as dV_j, dK_j
+// read it) at key rows g, g + 8 (r & 1) of the warp's 16, queries 16kk + 8 (r >> 1) + 2t.
+template <class C, class T>
+__device__ __forceinline__ void store_ds_t(T* sdSx, const uint32_t (&ads)[4], int w_row0, int kk,
+                                           int g, int t) {
+  using DSL = typename C::DSL;
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+    *reinterpret_cast<uint32_t*>(
+        sdSx + DSL::at(w_row0 + g + 8 * (r & 1), kk * 16 + 8 * (r >> 1) + 2 * t)) = ads[r];
 }
 
 // dQ_i += dS K_j for an item (dS^T in buf), the product: a kDQRows x kDQCols part per warp

@@ -103,8 +103,8 @@ template <class T, int D, bool kDropout = false, bool kSparse = false>
 __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
     backward_kernel(const BwdArgsFor<kDropout, kSparse> p) {
   using C = BwdConfig<T, D>;
+  using Args = BwdArgsFor<kDropout, kSparse>;
   using QKV = typename C::QKV;
-  using DSL = typename C::DSL;
   constexpr int kBr = C::kBr, kBc = C::kBc;
   constexpr int kNT = kBr / 8;  // n8 tiles of S^T, dP^T per warp (query columns)
   constexpr int kDT = D / 8;    // n8 tiles of dK_j, dV_j per warp
@@ -211,49 +211,17 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
     const bool mask = j0 + kBc > N || (p.causal && j0 + kBc - 1 > i0 + (N - M));
     if (mask) mask_scores_t<C>(s_t, q_min, i0, t);
 
-    // P^T, rounded to T and packed in pairs: p_t[nt][rh] holds key w_row0 + g + 8 rh,
-    // queries 8 nt + 2t and 8 nt + 2t + 1 (the C layout of S^T). The fp32 S^T dies here,
-    // which leaves the registers for dP^T.
+    // P^T recomputed from S^T and L_i, packed in T (RecomputeP).
     uint32_t p_t[kNT][2];
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
-      const float2 li = *reinterpret_cast<const float2*>(sLi + nt * 8 + 2 * t);
-#pragma unroll
-      for (int rh = 0; rh < 2; ++rh) {
-        float pe[2];
-        // EXERCISE BEGIN backward-p [medium]
-        // Concept: P recomputed from the saved LSE in base 2: exp(scale S - LSE) as one fmaf
-        // and one exp2.
-        //
-        // Into pe[e], e = 0, 1: P of this lane's two scores s_t[nt][2 rh + e] (unscaled,
-        // queries 8 nt + 2t + e), from the saved L = LSE log2(e) of those queries in li.x,
-        // li.y (the pre-pass made it), p.scale_log2 and fast_exp2 (mma.cuh). Trap: masked
-        // scores are -inf, and L is +inf for a query with no visible key: both must give
-        // P = 0, never NaN.
-        pe[0] = fast_exp2(fmaf(s_t[nt][2 * rh], p.scale_log2, -li.x));
-        pe[1] = fast_exp2(fmaf(s_t[nt][2 * rh + 1], p.scale_log2, -li.y));
-        // EXERCISE END
-        p_t[nt][rh] = pack2<T>(pe[0], pe[1]);
-      }
-    }
+    const RecomputeP<C, T, Args> recompute_p{p, t};
+    recompute_p(p_t, s_t, sLi);
 
     // dP^T = V_j dO_i^T, as S^T.
     float dp_t[kNT][4];
     warp_rows_abt<QKV, T, D>(dp_t, sV, w_row0, sdOi, lane);
 
-    // dS^T = P^T o (dP^T - D_i), from the rounded P (the P that dV uses), packed like P^T.
-    // With dropout, Z of each 16 x 16 block of S^T (this warp's keys, queries 16 (nt / 2)..)
-    // first turns dP^T into dP^T o Z / (1 - p) and P^T, for dV, into P^T o Z; dS takes the
-    // undropped P.
-    //   Z in the S^T layout: lane (g, t) holds keys {g, g + 8} x queries {2t, 2t + 1, 2t + 8,
-    //   2t + 9} of the block, which the forward's layout spreads over lanes 8t + g / 2 and
-    //   8t + 4 + g / 2, four halves of each one's Philox call. Two calls per lane would double
-    //   the generator (about 40 instructions per call: 10 rounds of 2 IMAD.WIDE + 2 LOP3).
-    //   Instead each lane makes the forward's call for its own lane number: those 8 halves
-    //   are the transposed block's, and as four 8 x 8 matrices of 16-bit values in the
-    //   fragment layout, one movmatrix each (transpose_b16) hands every lane its own: one
-    //   Philox call + 4 movmatrix per 16 x 16 block (about 44 instructions for 8 elements),
-    //   then per element about 4.5 (compare, two selects, a multiply, half a pack).
+    // dS^T = P^T o (dP^T - D_i), packed like P^T (DsTile, which also says how dropout's Z is
+    // regenerated in the S^T layout: the Philox call and its movmatrix below).
     [[maybe_unused]] uint32_t z[4];
     [[maybe_unused]] const uint32_t key16 = uint32_t(j0 + w_row0) / 16u, q16 = uint32_t(i0) / 16u;
     [[maybe_unused]] const uint32_t hq = uint32_t(cur.bh - size_t(b) * p.heads);
@@ -282,40 +250,14 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
           // EXERCISE END
         }
       }
-      const float2 di = *reinterpret_cast<const float2*>(sDi + nt * 8 + 2 * t);
-#pragma unroll
-      for (int rh = 0; rh < 2; ++rh) {
-        const float2 pe = unpack2<T>(p_t[nt][rh]);
-        [[maybe_unused]] uint32_t p_dropped;
-        if constexpr (kDropout) {
-          const uint32_t w = z[(nt & 1) * 2 + rh];
-          const bool keep0 = (w & 0xffffu) >= p.drop_thresh, keep1 = w >= (p.drop_thresh << 16);
-          dp_t[nt][2 * rh] = keep0 ? dp_t[nt][2 * rh] * p.drop_scale : 0.f;
-          dp_t[nt][2 * rh + 1] = keep1 ? dp_t[nt][2 * rh + 1] * p.drop_scale : 0.f;
-          p_dropped = pack2<T>(keep0 ? pe.x : 0.f, keep1 ? pe.y : 0.f);
-        }
-        float ds[2];
-        // EXERCISE BEGIN backward-ds [easy]
-        // Concept: dS = P o (dP - D) per element, in the S^T fragment layout.
-        //
-        // Into ds[e], e = 0, 1: the softmax backward of this lane's two elements (derived in
-        // notes/00_cpu_reference.md) from P in pe.x, pe.y (rounded to T, the P that dV uses),
-        // dP in dp_t[nt][2 rh + e] (dropout already applied) and D_i of their queries in
-        // di.x, di.y.
-        ds[0] = pe.x * (dp_t[nt][2 * rh] - di.x);
-        ds[1] = pe.y * (dp_t[nt][2 * rh + 1] - di.y);
-        // EXERCISE END
-        ds_t[nt][rh] = pack2<T>(ds[0], ds[1]);
-        if constexpr (kDropout) p_t[nt][rh] = p_dropped;  // dV's operand: P o Z
-      }
+      DsTile<C, kDropout, T, Args>{ds_t, p_t, dp_t, p, t, z, sDi}(nt);
     }
 
     // dV_j += P^T dO_i and dK_j += dS^T Q_i, k = the Br queries. The C tiles 2kk, 2kk + 1
     // of P^T (dS^T) are the A fragment of k-step kk, as P in the forward:
     // a = {tile 2kk rows g, tile 2kk rows g + 8, tile 2kk + 1 rows g, tile 2kk + 1 rows g + 8}.
     // B[k = query][n = d] = dO_i[query][d]: stored [k][n], ldmatrix.trans. dS^T also goes
-    // to shared memory (a[r] at key row g + 8 (r & 1), queries 16kk + 8 (r >> 1) + 2t) for
-    // the dQ product.
+    // to shared memory for the dQ product (store_ds_t).
     T* sdSx = sdS + s * kBc * kBr;
 #pragma unroll
     for (int kk = 0; kk < kBr / 16; ++kk) {
@@ -323,10 +265,7 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
                               p_t[2 * kk + 1][1]};
       const uint32_t ads[4] = {ds_t[2 * kk][0], ds_t[2 * kk][1], ds_t[2 * kk + 1][0],
                                ds_t[2 * kk + 1][1]};
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-        *reinterpret_cast<uint32_t*>(
-            sdSx + DSL::at(w_row0 + g + 8 * (r & 1), kk * 16 + 8 * (r >> 1) + 2 * t)) = ads[r];
+      store_ds_t<C>(sdSx, ads, w_row0, kk, g, t);
 #pragma unroll
       for (int nd = 0; nd < kDT; nd += 2) {
         uint32_t bo[4], bq[4];
