@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "dropout.hpp"
 #include "mma.cuh"
 
 namespace ladder::step06 {
@@ -27,22 +28,27 @@ struct FwdArgs {
   bool causal;
 };
 
-// What a caller fills in to run the forward (FwdKernel::launch, tensor_core_fa2.cuh): the
-// arguments above and the features. Zero-initialised (FwdParams fp{}), there is neither block
-// mask nor dropout and the dense kernel runs.
-struct FwdParams : FwdArgs {
-  // Block-sparse mask (blk_count null: dense), as the host's kv_block_lists (common/
-  // block_mask.hpp): row r = (mask batch * mask_heads + mask head) * mask_q_blocks + query
-  // block keeps blk_count[r] key blocks, ascending, at blk_index[r * mask_k_blocks ...].
-  // mask_batch, mask_heads: 1 shares a row with every batch / query head. The tiles must
-  // divide the mask block: Br | mask_block_q, Bc | mask_block_k.
+// The features a caller may ask of either pass, zero-initialised off. Block-sparse mask
+// (blk_count null: dense), as the host's CSR block lists (common/block_mask.hpp): for the
+// forward kv_block_lists, whose row r = (mask batch * mask_heads + mask head) * mask_q_blocks +
+// query block keeps blk_count[r] key blocks, ascending, at blk_index[r * mask_k_blocks ...]; for
+// the backward q_block_lists, the transpose (row (mask batch * mask_heads + mask head) *
+// mask_k_blocks + key block keeps query blocks, at blk_index[r * mask_q_blocks ...]).
+// mask_batch, mask_heads: 1 shares a row with every batch / query head. The tiles must divide
+// the mask block: Br | mask_block_q, Bc | mask_block_k. Dropout (dropout_p = 0: none): the rate
+// in [0, 1) and the Philox key, the forward's in the backward.
+struct FeatureParams {
   const int32_t* blk_count;
   const int32_t* blk_index;
   int mask_batch, mask_heads, mask_q_blocks, mask_k_blocks, mask_block_q, mask_block_k;
-  // Dropout (dropout_p = 0: none): the rate in [0, 1) and the Philox key.
   double dropout_p;
   uint64_t dropout_seed;
 };
+
+// What a caller fills in to run the forward (FwdKernel::launch, tensor_core_fa2.cuh): the
+// arguments above and the features. Zero-initialised (FwdParams fp{}), there is neither block
+// mask nor dropout and the dense kernel runs.
+struct FwdParams : FwdArgs, FeatureParams {};
 
 // The kernels with a block mask or dropout: FwdArgs' fields and the features' in the form the
 // kernel uses, ordered to fit in 128 bytes (after FwdArgs' own padding they would not).
@@ -93,26 +99,12 @@ enum FwdFlag : int {
 // swizzled addresses, a few integer instructions per k-step (1270 instructions per tile, 1251
 // fully rolled, which waits for every step's loads before its first mma).
 template <int D>
-struct FwdTiles;
-template <>
-struct FwdTiles<32> {
-  static constexpr int kWarps = 4, kSlices = 2, kBc = 128, kQKUnroll = 2;
-};
-template <>
-struct FwdTiles<64> {
-  static constexpr int kWarps = 4, kSlices = 2, kBc = 128, kQKUnroll = 4;
-};
-template <>
-struct FwdTiles<96> {
-  static constexpr int kWarps = 4, kSlices = 2, kBc = 64, kQKUnroll = 6;
-};
-template <>
-struct FwdTiles<128> {
-  static constexpr int kWarps = 4, kSlices = 2, kBc = 64, kQKUnroll = 2;
-};
-template <>
-struct FwdTiles<256> {
-  static constexpr int kWarps = 8, kSlices = 1, kBc = 64, kQKUnroll = 16;
+struct FwdTiles {
+  static_assert(D == 32 || D == 64 || D == 96 || D == 128 || D == 256,
+                "the forward's head dims: 32, 64, 96, 128, 256");
+  static constexpr int kWarps = D == 256 ? 8 : 4, kSlices = D == 256 ? 1 : 2;
+  static constexpr int kBc = D <= 64 ? 128 : 64;
+  static constexpr int kQKUnroll = D == 128 ? 2 : D / 16;
 };
 
 template <class T, int D, int kFlags>
@@ -157,20 +149,9 @@ struct BwdArgs {
 };
 
 // What a caller fills in to run the backward (BwdKernel, tensor_core_fa2_backward.cuh): the
-// arguments above and the features. Zero-initialised (BwdParams bp{}), the block mask and
-// dropout are off.
-struct BwdParams : BwdArgs {
-  // Block-sparse mask (blk_count null: dense), as the host's q_block_lists (common/
-  // block_mask.hpp): row r = (mask batch * mask_heads + mask head) * mask_k_blocks + key block
-  // keeps blk_count[r] query blocks, ascending, at blk_index[r * mask_q_blocks ...]. The tiles
-  // must divide the mask block: Br | mask_block_q, Bc | mask_block_k.
-  const int32_t* blk_count;
-  const int32_t* blk_index;
-  int mask_batch, mask_heads, mask_q_blocks, mask_k_blocks, mask_block_q, mask_block_k;
-  // Dropout (dropout_p = 0: none): the forward's rate and Philox key.
-  double dropout_p;
-  uint64_t dropout_seed;
-};
+// arguments above and the features (FeatureParams). Zero-initialised (BwdParams bp{}), the
+// block mask and dropout are off.
+struct BwdParams : BwdArgs, FeatureParams {};
 
 // The main kernel with a block mask or dropout takes BwdFeatureArgs.
 struct BwdFeatureArgs : BwdArgs {
@@ -186,6 +167,25 @@ struct BwdFeatureArgs : BwdArgs {
 };
 template <bool kDropout, bool kSparse>
 using BwdArgsFor = std::conditional_t<kDropout || kSparse, BwdFeatureArgs, BwdArgs>;
+
+// On the host, the features of p in the form the kernels take them, into a (FwdFeatureArgs or
+// BwdFeatureArgs): the block lists; the mask row strides, for rows_per_head mask rows per
+// (batch, head) (0 where the mask is shared); the tiles per mask block; the Philox key, the keep
+// threshold dropout::threshold(p) and 1 / (1 - p). The caller adds the length of a row.
+template <class FeatureArgs>
+void set_features(FeatureArgs& a, const FeatureParams& p, int rows_per_head, int br, int bc) {
+  if (p.blk_count) {
+    a.blk_count = p.blk_count, a.blk_index = p.blk_index;
+    a.mask_hstride = p.mask_heads == 1 ? 0 : rows_per_head;
+    a.mask_bstride = p.mask_batch == 1 ? 0 : p.mask_heads * rows_per_head;
+    a.mask_q_tiles = p.mask_block_q / br, a.mask_k_tiles = p.mask_block_k / bc;
+  }
+  if (p.dropout_p > 0) {
+    a.seed_lo = uint32_t(p.dropout_seed), a.seed_hi = uint32_t(p.dropout_seed >> 32);
+    a.drop_thresh = dropout::threshold(p.dropout_p);
+    a.drop_scale = float(1.0 / (1.0 - p.dropout_p));
+  }
+}
 
 // The tiles. Bc = 128 keys (8 warps x 16): a larger Bc means fewer passes over Q_i, dO_i and
 // fewer dQ atomics (both scale with Tc = N / Bc).

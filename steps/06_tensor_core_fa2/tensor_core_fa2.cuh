@@ -263,27 +263,16 @@ struct FwdKernel {
   bool features = false;  // dropout and block-sparse masks (the full variant; others ignore them)
 };
 
-// The arguments of a kernel with the features, from p: the mask row strides (0 where shared),
-// the tiles per mask block, the Philox key, the threshold and 1 / (1 - p), all computed here,
-// on the host.
+// The arguments of a kernel with the features, from p, on the host: FwdArgs' fields, then the
+// features (set_features); a mask row holds mask_k_blocks key blocks.
 inline FwdFeatureArgs fwd_feature_args(const FwdParams& p, int br, int bc) {
   FwdFeatureArgs a{};
   a.q = p.q, a.k = p.k, a.v = p.v, a.o = p.o, a.lse = p.lse;
   a.batch = p.batch, a.heads = p.heads, a.heads_kv = p.heads_kv, a.group = p.group;
   a.seq_q = p.seq_q, a.seq_k = p.seq_k, a.scale = p.scale, a.scale_log2 = p.scale_log2;
   a.causal = p.causal;
-  if (p.blk_count) {
-    a.blk_count = p.blk_count, a.blk_index = p.blk_index;
-    a.mask_hstride = p.mask_heads == 1 ? 0 : p.mask_q_blocks;
-    a.mask_bstride = p.mask_batch == 1 ? 0 : p.mask_heads * p.mask_q_blocks;
-    a.mask_q_tiles = p.mask_block_q / br, a.mask_k_tiles = p.mask_block_k / bc;
-    a.mask_k_blocks = p.mask_k_blocks;
-  }
-  if (p.dropout_p > 0) {
-    a.seed_lo = uint32_t(p.dropout_seed), a.seed_hi = uint32_t(p.dropout_seed >> 32);
-    a.drop_thresh = dropout::threshold(p.dropout_p);
-    a.drop_scale = float(1.0 / (1.0 - p.dropout_p));
-  }
+  set_features(a, p, p.mask_q_blocks, br, bc);
+  if (p.blk_count) a.mask_k_blocks = p.mask_k_blocks;
   return a;
 }
 

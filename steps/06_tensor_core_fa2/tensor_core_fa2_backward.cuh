@@ -320,24 +320,13 @@ struct BwdKernel {
   int br = 0, bc = 0, warps = 0, smem_bytes = 0;
 };
 
-// The arguments of the main kernel with the features, from p: the mask row strides (0 where
-// shared), the tiles per mask block, the Philox key, the threshold and 1 / (1 - p), computed
-// here, on the host.
+// The arguments of the main kernel with the features, from p, on the host: BwdArgs' fields,
+// then the features (set_features); a mask row holds mask_q_blocks query blocks.
 inline BwdFeatureArgs bwd_feature_args(const BwdParams& p, int br, int bc) {
   BwdFeatureArgs a{};
   static_cast<BwdArgs&>(a) = p;
-  if (p.blk_count) {
-    a.blk_count = p.blk_count, a.blk_index = p.blk_index;
-    a.mask_hstride = p.mask_heads == 1 ? 0 : p.mask_k_blocks;
-    a.mask_bstride = p.mask_batch == 1 ? 0 : p.mask_heads * p.mask_k_blocks;
-    a.mask_q_tiles = p.mask_block_q / br, a.mask_k_tiles = p.mask_block_k / bc;
-    a.mask_q_blocks = p.mask_q_blocks;
-  }
-  if (p.dropout_p > 0) {
-    a.seed_lo = uint32_t(p.dropout_seed), a.seed_hi = uint32_t(p.dropout_seed >> 32);
-    a.drop_thresh = dropout::threshold(p.dropout_p);
-    a.drop_scale = float(1.0 / (1.0 - p.dropout_p));
-  }
+  set_features(a, p, p.mask_k_blocks, br, bc);
+  if (p.blk_count) a.mask_q_blocks = p.mask_q_blocks;
   return a;
 }
 
