@@ -41,183 +41,17 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <type_traits>
 
+#include "backward_steps.cuh"
 #include "dropout.hpp"
 #include "exercise.hpp"
-#include "tensor_core_fa2.cuh"  // the fragment loaders load_a and load_b_kn, and load_tile
+#include "masks.cuh"
 #include "mma.cuh"
+#include "params.cuh"
+#include "tensor_core_fa2.cuh"  // the forward: including this file gives a caller both passes
+#include "tiles.cuh"
 
 namespace ladder::step06 {
-
-// The backward's arguments, as its dense kernels take them: exactly the fields they always
-// took (the parameter struct's layout shapes nvcc's code: see FwdArgs).
-struct BwdArgs {
-  const void* q;     // [B, H, M, d] in T (the forward's Q: negated when scale < 0)
-  const void* k;     // [B, Hkv, N, d]
-  const void* v;     // [B, Hkv, N, d]
-  const void* o;     // [B, H, M, d], the forward's output
-  const void* dout;  // [B, H, M, d]
-  const float* lse;  // [B, H, M], the forward's, natural log
-  float* lse2;       // [B, H, M] workspace: LSE * log2(e), +inf for rows with no visible key
-  float* dsum;       // [B, H, M] workspace: D = rowsum(dO o O)
-  float* dq_acc;     // [B, H, M, d] workspace: fp32 dQ / scale, summed over the K/V tiles
-  void* dq;          // [B, H, M, d] in T
-  void* dk;          // [B, Hkv, N, d]
-  void* dv;          // [B, Hkv, N, d]
-  int batch, heads, heads_kv, group, seq_q, seq_k;
-  float scale;       // |scale|: S = scale Q K^T with the forward's Q
-  float scale_log2;  // |scale| * log2(e)
-  float scale_dq;    // the signed scale: dQ = scale dS K for the caller's Q
-  bool causal;
-};
-
-// What a caller fills in to run the backward (BwdKernel below): the arguments above and the
-// features. Zero-initialised (BwdParams bp{}), the block mask and dropout are off.
-struct BwdParams : BwdArgs {
-  // Block-sparse mask (blk_count null: dense), as the host's q_block_lists (common/
-  // block_mask.hpp): row r = (mask batch * mask_heads + mask head) * mask_k_blocks + key block
-  // keeps blk_count[r] query blocks, ascending, at blk_index[r * mask_q_blocks ...]. The tiles
-  // must divide the mask block: Br | mask_block_q, Bc | mask_block_k.
-  const int32_t* blk_count;
-  const int32_t* blk_index;
-  int mask_batch, mask_heads, mask_q_blocks, mask_k_blocks, mask_block_q, mask_block_k;
-  // Dropout (dropout_p = 0: none): the forward's rate and Philox key.
-  double dropout_p;
-  uint64_t dropout_seed;
-};
-
-// The main kernel with a block mask or dropout takes BwdFeatureArgs.
-struct BwdFeatureArgs : BwdArgs {
-  const int32_t* blk_count;  // the CSR lists, as in BwdParams
-  const int32_t* blk_index;
-  // The mask row of (b, query head h, K/V tile): b * mask_bstride + h * mask_hstride + (K/V
-  // tile) / mask_k_tiles (0 strides where the mask is shared); mask_q_tiles Q tiles per mask
-  // query block.
-  int mask_bstride, mask_hstride, mask_q_tiles, mask_k_tiles, mask_q_blocks;
-  // Dropout: the Philox key, the keep threshold dropout::threshold(p), 1 / (1 - p).
-  uint32_t seed_lo, seed_hi, drop_thresh;
-  float drop_scale;
-};
-template <bool kDropout, bool kSparse>
-using BwdArgsFor = std::conditional_t<kDropout || kSparse, BwdFeatureArgs, BwdArgs>;
-
-// The tiles. Bc = 128 keys (8 warps x 16): a larger Bc means fewer passes over Q_i, dO_i and
-// fewer dQ atomics (both scale with Tc = N / Bc).
-// Br queries per item, set by the registers: per thread, dK_j and dV_j take d fp32
-// (2 x 16 x d / 32); S^T, then dP^T, take Br / 2 fp32 while P^T and dS^T wait packed in T
-// (Br / 4 registers each); and ptxas keeps many swizzled fragment addresses. Br = 64 at
-// d = 128 is 255 registers with no spill. At d = 64, Br = 128 (255 registers, 4 bytes
-// spilled) is 3% faster than Br = 64: every K_j, V_j fragment and the dQ product's reads of
-// K_j serve twice the queries, 11% less shared-memory traffic per query. d = 32 and 96 keep
-// Br = 64 (Br = 128 spills more at d = 32 and was not measured).
-// dQ_i (Br x d) is split over the 8 warps as 2 x 4 parts of 32 x 32 at d = 128 (each
-// fragment read from shared memory feeds two mma), else as 4 x 2 parts of Br/4 x d/2.
-template <class T, int D>
-struct BwdConfig {
-  static constexpr int kD = D;
-  static constexpr int kWarps = 8, kThreads = kWarps * 32;
-  static constexpr int kBc = kWarps * 16, kBr = D == 64 ? 128 : 64;
-  static constexpr int kWarpsQ = D == 128 ? 2 : 4, kWarpsD = kWarps / kWarpsQ;
-  static constexpr int kDQRows = kBr / kWarpsQ, kDQCols = D / kWarpsD;  // a warp's part of dQ_i
-  static constexpr bool kAsync = true;                                  // load_tile: cp.async
-  using QKV = SmemLayout<D, true>;    // K_j, V_j, Q_i, dO_i: rows of d
-  using DSL = SmemLayout<kBr, true>;  // dS^T: Bc rows (keys) of Br (queries)
-  // K_j, V_j; two stages of Q_i, dO_i; two buffers of dS^T (16-bit); two stages of L_i, D_i.
-  static constexpr int kSmemBytes =
-      int(sizeof(T)) * (2 * kBc * D + 2 * 2 * kBr * D + 2 * kBc * kBr) + 4 * 2 * 2 * kBr;
-  static_assert(D % 16 == 0 && kBr % 16 == 0, "mma k16 steps");
-  static_assert(kDQRows % 16 == 0 && kDQCols % 16 == 0, "dQ warp tiles of m16 x (n8 pairs)");
-  static_assert(2 * kBr <= kThreads, "one thread per row copies L_i, one D_i");
-  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an H100 block can have");
-};
-
-// The fragment loaders (the forward's load_a, load_b_nk and load_b_kn, and load_a_trans below)
-// choose their lane -> address maps so that ldmatrix's four registers come out in the order
-// mma.sync reads them: four adjacent registers for A, and for B the pair (b[0], b[1]) of each
-// n8 tile adjacent. (A permutation after the load costs register moves: about 0.6
-// instructions per mma in this kernel.)
-
-// A operand (the 16x16 block at rows r0, columns c0 of A) from a tile that holds A^T
-// row-major: dS from the dS^T buffer. ldmatrix.trans of the 8x8 block at A^T rows c0..,
-// columns r0.. gives lane (g, t) A[r0 + g][c0 + 2t, +1], register a[0]; the matrices are
-// taken in the order a[0] (A^T rows c0.., columns r0..), a[1] (rows c0.., columns r0 + 8..),
-// a[2] (rows c0 + 8.., columns r0..), a[3].
-template <class L, class T>
-__device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], const T* tile_t, int r0, int c0,
-                                             int lane) {
-  ldmatrix_x4_trans(
-      a, tile_t + L::at(c0 + (lane & 7) + ((lane >> 4) << 3), r0 + ((lane >> 3) & 1) * 8));
-}
-
-// C = A B^T for the warp's 16 rows of A (rows row0.., D columns) and every row of B (the
-// kNT * 8 rows of a Q-shaped tile): S^T = K_j Q_i^T and dP^T = V_j dO_i^T. A: plain
-// ldmatrix of the rows; B[k = d][n = query] = tile[query][d], stored [n][k]: plain ldmatrix
-// by the forward's load_b_nk, whose map gives the pairs b[0], b[1] and b[2], b[3] in order.
-template <class L, class T, int D, int kNT>
-__device__ __forceinline__ void warp_rows_abt(float (&c)[kNT][4], const T* a, int row0, const T* b,
-                                              int lane) {
-#pragma unroll
-  for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) c[nt][e] = 0.f;
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    uint32_t af[4];
-    load_a<L, true>(af, a, row0, kk * 16, lane);
-#pragma unroll
-    for (int nt = 0; nt < kNT; nt += 2) {
-      uint32_t bf[4];
-      load_b_nk<L, true>(bf, b, nt * 8, kk * 16, lane);
-      mma_16816<T>(c[nt], af, bf[0], bf[1]);
-      mma_16816<T>(c[nt + 1], af, bf[2], bf[3]);
-    }
-  }
-}
-
-// ---- block-sparse masks: the items a block walks ----
-
-// The Q tiles of the kept query blocks in each query head's mask row for this block's key
-// block (blockIdx.x), head after head of the GQA group, each head from Q tile lo up to (not
-// including) end. The row of query head hk * group + hh: b * mask_bstride + (hk * group + hh)
-// * mask_hstride + blockIdx.x / mask_k_tiles.
-struct KeptItems {
-  KeptTiles kept;
-  int head;  // the head of the group the walk is in
-
-  __device__ __forceinline__ static size_t row(const BwdFeatureArgs& p, int b, int hk, int hh) {
-    return size_t(b) * p.mask_bstride + (size_t(hk) * p.group + hh) * p.mask_hstride +
-           blockIdx.x / p.mask_k_tiles;
-  }
-  __device__ __forceinline__ void begin_head(const BwdFeatureArgs& p, int b, int hk, int lo) {
-    const size_t r = row(p, b, hk, head);
-    kept.begin(p.blk_index + r * p.mask_q_blocks, p.blk_count[r], p.mask_q_tiles, lo);
-  }
-  // How many items there are in all.
-  __device__ __forceinline__ static int count(const BwdFeatureArgs& p, int b, int hk, int lo,
-                                              int end) {
-    int n = 0;
-    for (int hh = 0; hh < p.group; ++hh) {
-      const size_t r = row(p, b, hk, hh);
-      const int32_t* list = p.blk_index + r * p.mask_q_blocks;
-      for (int e = 0; e < p.blk_count[r]; ++e) {
-        const int first = __ldg(list + e) * p.mask_q_tiles;
-        n += max(0, min(first + p.mask_q_tiles, end) - max(first, lo));
-      }
-    }
-    return n;
-  }
-  // To the first item, and from one item to the next: only while another one is left.
-  __device__ __forceinline__ void first(const BwdFeatureArgs& p, int b, int hk, int lo, int end) {
-    head = 0;
-    begin_head(p, b, hk, lo);
-    while (kept.tile >= end) ++head, begin_head(p, b, hk, lo);
-  }
-  __device__ __forceinline__ void next(const BwdFeatureArgs& p, int b, int hk, int lo, int end) {
-    kept.advance(p.mask_q_tiles);
-    while (kept.tile >= end) ++head, begin_head(p, b, hk, lo);
-  }
-};
 
 // ---- pre-pass: D = rowsum(dO o O), L = LSE log2(e), dQ_acc = 0 ----
 
@@ -263,211 +97,14 @@ __global__ void __launch_bounds__(kPrepassThreads) backward_prepass_kernel(const
     z[x] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
-// ---- the main kernel's steps ----
-// Pieces of backward_kernel below, inlined into it; the item loop's own steps (S^T, P^T, dP^T,
-// dS^T, dV_j and dK_j) are written out in the kernel. An item is one (query head of the GQA
-// group, Q tile i); per warp, the C fragments of its 16 keys x the item's Br queries.
-
-// An item: one (query head of the GQA group, Q tile i).
-struct BwdItem {
-  size_t bh;  // batch * heads + query head
-  int i0;     // first query row of the tile
-};
-
-// dK_j = dV_j = 0.
-template <class C>
-__device__ __forceinline__ void zero_dk_dv(float (&acc_dk)[C::kD / 8][4],
-                                           float (&acc_dv)[C::kD / 8][4]) {
-#pragma unroll
-  for (int nd = 0; nd < C::kD / 8; ++nd)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc_dk[nd][e] = 0.f, acc_dv[nd][e] = 0.f;
-}
-
-// This lane's keys (key0 and key0 + 8: rows g and g + 8 of the warp's slice) see queries
-// q >= q_min: the causal boundary, shifted to no query at all for keys past N.
-__device__ __forceinline__ void first_queries(int (&q_min)[2], int key0, bool causal, int M,
-                                              int N) {
-#pragma unroll
-  for (int rh = 0; rh < 2; ++rh) {
-    const int key = key0 + rh * 8;
-    q_min[rh] = key >= N ? M : (causal ? key - (N - M) : 0);
-  }
-}
-
-// Q_i, dO_i (zero-filled past M), L_i and D_i (zero past M) of an item into stage s.
-template <class C, class T, class Args>
-__device__ __forceinline__ void load_item(const BwdItem& it, int s, T* sQ, T* sdO, float* sL,
-                                          float* sD, const T* Q, const T* dO, const Args& p, int M,
-                                          int tid) {
-  constexpr int kBr = C::kBr, D = C::kD;
-  const size_t bh = it.bh;
-  const int i0 = it.i0;
-  load_tile<C, kBr>(sQ + s * kBr * D, Q + bh * M * D, i0, M, tid);
-  load_tile<C, kBr>(sdO + s * kBr * D, dO + bh * M * D, i0, M, tid);
-  if (tid < 2 * kBr) {
-    const int r = tid % kBr, row = min(i0 + r, M - 1);  // past M: any valid address
-    const float* src = (tid < kBr ? p.lse2 : p.dsum) + bh * M + row;
-    cp_async_4((tid < kBr ? sL : sD) + s * kBr + r, src, i0 + r < M);
-  }
-}
-
-// Mask of S^T: only tiles that straddle the diagonal, or hold the end of the keys, need it.
-// This lane's keys see queries q >= q_min[rh]; the rest become -inf.
-template <class C>
-__device__ __forceinline__ void mask_scores_t(float (&s_t)[C::kBr / 8][4], const int (&q_min)[2],
-                                              int i0, int t) {
-  constexpr int kNT = C::kBr / 8;
-  constexpr float kNegInf = -INFINITY;
-#pragma unroll
-  for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (i0 + nt * 8 + 2 * t + (e & 1) < q_min[e >> 1]) s_t[nt][e] = kNegInf;
-}
-
-// dQ_i += dS K_j for an item (dS^T in buf), the product: a kDQRows x kDQCols part per warp
-// (warp wq of the rows, wd of the columns), k = the Bc keys.
-template <class C, class T>
-__device__ __forceinline__ void dq_product(float (&acc)[C::kDQRows / 16][C::kDQCols / 8][4],
-                                           const T* buf, const T* sK, int wq, int wd, int lane) {
-  using QKV = typename C::QKV;
-  using DSL = typename C::DSL;
-  constexpr int kBc = C::kBc;
-  constexpr int kMT = C::kDQRows / 16, kNQ = C::kDQCols / 8;
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kNQ; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
-#pragma unroll
-  for (int kk = 0; kk < kBc / 16; ++kk) {
-    uint32_t a[kMT][4];
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-      load_a_trans<DSL>(a[mt], buf, wq * C::kDQRows + mt * 16, kk * 16, lane);
-#pragma unroll
-    for (int nt = 0; nt < kNQ; nt += 2) {
-      uint32_t bk[4];  // B[k = key][n = d] = K_j[key][d]: stored [k][n], ldmatrix.trans
-      load_b_kn<QKV, true>(bk, sK, kk * 16, wd * C::kDQCols + nt * 8, lane);
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        mma_16816<T>(acc[mt][nt], a[mt], bk[0], bk[1]);
-        mma_16816<T>(acc[mt][nt + 1], a[mt], bk[2], bk[3]);
-      }
-    }
-  }
-}
-
-// dQ_i += dS K_j, the sum: this warp's part into dQ_acc by fp32 atomics, since other blocks
-// (the other K/V tiles) add to the same rows. 16-byte atomics, red.global.add.v4.f32 (sm_90):
-// half the atomic instructions of float2, which ncu showed queueing behind the atomics (+4-6%
-// measured).
-template <class C, class Args>
-__device__ __forceinline__ void dq_atomics(const float (&acc)[C::kDQRows / 16][C::kDQCols / 8][4],
-                                           const BwdItem& it, const Args& p, int M, int wq, int wd,
-                                           int g, int t) {
-  constexpr int D = C::kD;
-  constexpr int kMT = C::kDQRows / 16, kNQ = C::kDQCols / 8;
-  // EXERCISE BEGIN dq-atomics [hard]
-  // Concept: dQ accumulation: the K/V-outer loop's dQ goes through fp32 atomics, paired
-  // across two lanes into 16-byte red.global.add.v4.
-  //
-  // Add this warp's part of dQ_i, acc[mt][nt][0..3] (the C layout of the 16-row block
-  // wq * kDQRows + 16 mt and the n8 tile at column wd * kDQCols + 8 nt), to p.dq_acc: rows
-  // it.i0 + r of plane it.bh, [B, H, M, d] fp32, zeroed by the pre-pass and scaled by the
-  // post-pass. A lane holds 2 adjacent floats of a row per n8 tile and its neighbour (t ^ 1)
-  // the next 2: exchange so that each lane owns 4 adjacent floats, one float4 atomicAdd
-  // per pair of n8 tiles. Trap: every lane takes part in the shuffles; rows past M add
-  // nothing.
-  const int i0 = it.i0;
-  float* dq = p.dq_acc + (it.bh * M + i0) * D;
-  const bool odd = t & 1;
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int rh = 0; rh < 2; ++rh) {
-      const int r = wq * C::kDQRows + mt * 16 + g + rh * 8;
-      float4 v[kNQ / 2];
-#pragma unroll
-      for (int nt = 0; nt < kNQ; nt += 2) {
-        const float2 a = make_float2(acc[mt][nt][2 * rh], acc[mt][nt][2 * rh + 1]);
-        const float2 bb = make_float2(acc[mt][nt + 1][2 * rh], acc[mt][nt + 1][2 * rh + 1]);
-        const float2 send = odd ? a : bb;
-        const float2 got = make_float2(__shfl_xor_sync(0xffffffffu, send.x, 1),
-                                       __shfl_xor_sync(0xffffffffu, send.y, 1));
-        v[nt / 2] =
-            odd ? make_float4(got.x, got.y, bb.x, bb.y) : make_float4(a.x, a.y, got.x, got.y);
-      }
-      if (i0 + r >= M) continue;  // (after the shuffles: every lane takes part in them)
-#pragma unroll
-      for (int nt = 0; nt < kNQ; nt += 2)
-        atomicAdd(reinterpret_cast<float4*>(dq + size_t(r) * D + wd * C::kDQCols +
-                                            (nt + (odd ? 1 : 0)) * 8 + 2 * (t & 2)),
-                  v[nt / 2]);
-    }
-  // EXERCISE END
-}
-
-// dQ_i += dS K_j for an item whose dS^T is in buf: the product, then the atomics.
-template <class C, class T, class Args>
-__device__ __forceinline__ void dq_update(const BwdItem& it, const T* buf, const T* sK,
-                                          const Args& p, int M, int wq, int wd, int lane, int g,
-                                          int t) {
-  float acc[C::kDQRows / 16][C::kDQCols / 8][4];
-  dq_product<C>(acc, buf, sK, wq, wd, lane);
-  dq_atomics<C>(acc, it, p, M, wq, wd, g, t);
-}
-
-// dK_j = scale dK_j and dV_j (with dropout, times 1 / (1 - p)), rounded to T, through this
-// warp's own rows of sK and sV, then 16-byte stores to dK and dV (K/V plane bhk, keys from j0,
-// N in all). The caller's barrier: every warp has finished reading K_j for dQ.
-template <class C, bool kDropout, class T, class Args>
-__device__ __forceinline__ void store_dk_dv(T* sK, T* sV, const float (&acc_dk)[C::kD / 8][4],
-                                            const float (&acc_dv)[C::kD / 8][4], const Args& p,
-                                            size_t bhk, int j0, int N, int w_row0, int lane, int g,
-                                            int t) {
-  using QKV = typename C::QKV;
-  constexpr int D = C::kD, kDT = D / 8;
-#pragma unroll
-  for (int nd = 0; nd < kDT; ++nd)
-#pragma unroll
-    for (int rh = 0; rh < 2; ++rh) {
-      const int at = QKV::at(w_row0 + g + rh * 8, nd * 8 + 2 * t);
-      *reinterpret_cast<uint32_t*>(sK + at) =
-          pack2<T>(p.scale * acc_dk[nd][2 * rh], p.scale * acc_dk[nd][2 * rh + 1]);
-      if constexpr (kDropout)  // dV summed P o Z: now the 1 / (1 - p)
-        *reinterpret_cast<uint32_t*>(sV + at) =
-            pack2<T>(p.drop_scale * acc_dv[nd][2 * rh], p.drop_scale * acc_dv[nd][2 * rh + 1]);
-      else
-        *reinterpret_cast<uint32_t*>(sV + at) =
-            pack2<T>(acc_dv[nd][2 * rh], acc_dv[nd][2 * rh + 1]);
-    }
-  __syncwarp();
-  T* dK = static_cast<T*>(p.dk) + bhk * N * D;
-  T* dV = static_cast<T*>(p.dv) + bhk * N * D;
-  constexpr int kRowChunks = D / 8, kWarpChunks = 16 * kRowChunks;
-  static_assert(kWarpChunks % 32 == 0, "every lane stores the same number of chunks");
-#pragma unroll
-  for (int it = 0; it < kWarpChunks / 32; ++it) {
-    const int idx = it * 32 + lane, r = w_row0 + idx / kRowChunks, c = idx % kRowChunks;
-    if (j0 + r < N) {
-      const size_t to = size_t(j0 + r) * D + c * 8;
-      *reinterpret_cast<uint4*>(dK + to) = *reinterpret_cast<const uint4*>(sK + QKV::at(r, c * 8));
-      *reinterpret_cast<uint4*>(dV + to) = *reinterpret_cast<const uint4*>(sV + QKV::at(r, c * 8));
-    }
-  }
-}
-
 // ---- the main kernel ----
 
 template <class T, int D, bool kDropout = false, bool kSparse = false>
 __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
     backward_kernel(const BwdArgsFor<kDropout, kSparse> p) {
   using C = BwdConfig<T, D>;
+  using Args = BwdArgsFor<kDropout, kSparse>;
   using QKV = typename C::QKV;
-  using DSL = typename C::DSL;
   constexpr int kBr = C::kBr, kBc = C::kBc;
   constexpr int kNT = kBr / 8;  // n8 tiles of S^T, dP^T per warp (query columns)
   constexpr int kDT = D / 8;    // n8 tiles of dK_j, dV_j per warp
@@ -574,49 +211,17 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
     const bool mask = j0 + kBc > N || (p.causal && j0 + kBc - 1 > i0 + (N - M));
     if (mask) mask_scores_t<C>(s_t, q_min, i0, t);
 
-    // P^T, rounded to T and packed in pairs: p_t[nt][rh] holds key w_row0 + g + 8 rh,
-    // queries 8 nt + 2t and 8 nt + 2t + 1 (the C layout of S^T). The fp32 S^T dies here,
-    // which leaves the registers for dP^T.
+    // P^T recomputed from S^T and L_i, packed in T (RecomputeP).
     uint32_t p_t[kNT][2];
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
-      const float2 li = *reinterpret_cast<const float2*>(sLi + nt * 8 + 2 * t);
-#pragma unroll
-      for (int rh = 0; rh < 2; ++rh) {
-        float pe[2];
-        // EXERCISE BEGIN backward-p [medium]
-        // Concept: P recomputed from the saved LSE in base 2: exp(scale S - LSE) as one fmaf
-        // and one exp2.
-        //
-        // Into pe[e], e = 0, 1: P of this lane's two scores s_t[nt][2 rh + e] (unscaled,
-        // queries 8 nt + 2t + e), from the saved L = LSE log2(e) of those queries in li.x,
-        // li.y (the pre-pass made it), p.scale_log2 and fast_exp2 (mma.cuh). Trap: masked
-        // scores are -inf, and L is +inf for a query with no visible key: both must give
-        // P = 0, never NaN.
-        pe[0] = fast_exp2(fmaf(s_t[nt][2 * rh], p.scale_log2, -li.x));
-        pe[1] = fast_exp2(fmaf(s_t[nt][2 * rh + 1], p.scale_log2, -li.y));
-        // EXERCISE END
-        p_t[nt][rh] = pack2<T>(pe[0], pe[1]);
-      }
-    }
+    const RecomputeP<C, T, Args> recompute_p{p, t};
+    recompute_p(p_t, s_t, sLi);
 
     // dP^T = V_j dO_i^T, as S^T.
     float dp_t[kNT][4];
     warp_rows_abt<QKV, T, D>(dp_t, sV, w_row0, sdOi, lane);
 
-    // dS^T = P^T o (dP^T - D_i), from the rounded P (the P that dV uses), packed like P^T.
-    // With dropout, Z of each 16 x 16 block of S^T (this warp's keys, queries 16 (nt / 2)..)
-    // first turns dP^T into dP^T o Z / (1 - p) and P^T, for dV, into P^T o Z; dS takes the
-    // undropped P.
-    //   Z in the S^T layout: lane (g, t) holds keys {g, g + 8} x queries {2t, 2t + 1, 2t + 8,
-    //   2t + 9} of the block, which the forward's layout spreads over lanes 8t + g / 2 and
-    //   8t + 4 + g / 2, four halves of each one's Philox call. Two calls per lane would double
-    //   the generator (about 40 instructions per call: 10 rounds of 2 IMAD.WIDE + 2 LOP3).
-    //   Instead each lane makes the forward's call for its own lane number: those 8 halves
-    //   are the transposed block's, and as four 8 x 8 matrices of 16-bit values in the
-    //   fragment layout, one movmatrix each (transpose_b16) hands every lane its own: one
-    //   Philox call + 4 movmatrix per 16 x 16 block (about 44 instructions for 8 elements),
-    //   then per element about 4.5 (compare, two selects, a multiply, half a pack).
+    // dS^T = P^T o (dP^T - D_i), packed like P^T (DsTile, which also says how dropout's Z is
+    // regenerated in the S^T layout: the Philox call and its movmatrix below).
     [[maybe_unused]] uint32_t z[4];
     [[maybe_unused]] const uint32_t key16 = uint32_t(j0 + w_row0) / 16u, q16 = uint32_t(i0) / 16u;
     [[maybe_unused]] const uint32_t hq = uint32_t(cur.bh - size_t(b) * p.heads);
@@ -645,40 +250,14 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
           // EXERCISE END
         }
       }
-      const float2 di = *reinterpret_cast<const float2*>(sDi + nt * 8 + 2 * t);
-#pragma unroll
-      for (int rh = 0; rh < 2; ++rh) {
-        const float2 pe = unpack2<T>(p_t[nt][rh]);
-        [[maybe_unused]] uint32_t p_dropped;
-        if constexpr (kDropout) {
-          const uint32_t w = z[(nt & 1) * 2 + rh];
-          const bool keep0 = (w & 0xffffu) >= p.drop_thresh, keep1 = w >= (p.drop_thresh << 16);
-          dp_t[nt][2 * rh] = keep0 ? dp_t[nt][2 * rh] * p.drop_scale : 0.f;
-          dp_t[nt][2 * rh + 1] = keep1 ? dp_t[nt][2 * rh + 1] * p.drop_scale : 0.f;
-          p_dropped = pack2<T>(keep0 ? pe.x : 0.f, keep1 ? pe.y : 0.f);
-        }
-        float ds[2];
-        // EXERCISE BEGIN backward-ds [easy]
-        // Concept: dS = P o (dP - D) per element, in the S^T fragment layout.
-        //
-        // Into ds[e], e = 0, 1: the softmax backward of this lane's two elements (derived in
-        // notes/00_cpu_reference.md) from P in pe.x, pe.y (rounded to T, the P that dV uses),
-        // dP in dp_t[nt][2 rh + e] (dropout already applied) and D_i of their queries in
-        // di.x, di.y.
-        ds[0] = pe.x * (dp_t[nt][2 * rh] - di.x);
-        ds[1] = pe.y * (dp_t[nt][2 * rh + 1] - di.y);
-        // EXERCISE END
-        ds_t[nt][rh] = pack2<T>(ds[0], ds[1]);
-        if constexpr (kDropout) p_t[nt][rh] = p_dropped;  // dV's operand: P o Z
-      }
+      DsTile<C, kDropout, T, Args>{ds_t, p_t, dp_t, p, t, z, sDi}(nt);
     }
 
     // dV_j += P^T dO_i and dK_j += dS^T Q_i, k = the Br queries. The C tiles 2kk, 2kk + 1
     // of P^T (dS^T) are the A fragment of k-step kk, as P in the forward:
     // a = {tile 2kk rows g, tile 2kk rows g + 8, tile 2kk + 1 rows g, tile 2kk + 1 rows g + 8}.
     // B[k = query][n = d] = dO_i[query][d]: stored [k][n], ldmatrix.trans. dS^T also goes
-    // to shared memory (a[r] at key row g + 8 (r & 1), queries 16kk + 8 (r >> 1) + 2t) for
-    // the dQ product.
+    // to shared memory for the dQ product (store_ds_t).
     T* sdSx = sdS + s * kBc * kBr;
 #pragma unroll
     for (int kk = 0; kk < kBr / 16; ++kk) {
@@ -686,10 +265,7 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
                               p_t[2 * kk + 1][1]};
       const uint32_t ads[4] = {ds_t[2 * kk][0], ds_t[2 * kk][1], ds_t[2 * kk + 1][0],
                                ds_t[2 * kk + 1][1]};
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-        *reinterpret_cast<uint32_t*>(
-            sdSx + DSL::at(w_row0 + g + 8 * (r & 1), kk * 16 + 8 * (r >> 1) + 2 * t)) = ads[r];
+      store_ds_t<C>(sdSx, ads, w_row0, kk, g, t);
 #pragma unroll
       for (int nd = 0; nd < kDT; nd += 2) {
         uint32_t bo[4], bq[4];
@@ -744,24 +320,13 @@ struct BwdKernel {
   int br = 0, bc = 0, warps = 0, smem_bytes = 0;
 };
 
-// The arguments of the main kernel with the features, from p: the mask row strides (0 where
-// shared), the tiles per mask block, the Philox key, the threshold and 1 / (1 - p), computed
-// here, on the host.
+// The arguments of the main kernel with the features, from p, on the host: BwdArgs' fields,
+// then the features (set_features); a mask row holds mask_q_blocks query blocks.
 inline BwdFeatureArgs bwd_feature_args(const BwdParams& p, int br, int bc) {
   BwdFeatureArgs a{};
   static_cast<BwdArgs&>(a) = p;
-  if (p.blk_count) {
-    a.blk_count = p.blk_count, a.blk_index = p.blk_index;
-    a.mask_hstride = p.mask_heads == 1 ? 0 : p.mask_k_blocks;
-    a.mask_bstride = p.mask_batch == 1 ? 0 : p.mask_heads * p.mask_k_blocks;
-    a.mask_q_tiles = p.mask_block_q / br, a.mask_k_tiles = p.mask_block_k / bc;
-    a.mask_q_blocks = p.mask_q_blocks;
-  }
-  if (p.dropout_p > 0) {
-    a.seed_lo = uint32_t(p.dropout_seed), a.seed_hi = uint32_t(p.dropout_seed >> 32);
-    a.drop_thresh = dropout::threshold(p.dropout_p);
-    a.drop_scale = float(1.0 / (1.0 - p.dropout_p));
-  }
+  set_features(a, p, p.mask_k_blocks, br, bc);
+  if (p.blk_count) a.mask_q_blocks = p.mask_q_blocks;
   return a;
 }
 
