@@ -6,7 +6,7 @@ The harness checks results only, and a layout with bank conflicts is still corre
 slower), so Layout in steps/05_shared_memory_fa2/shared_memory_fa2.cuh static_asserts that its
 padded row strides are conflict-free (conflict_free simulates the warp's accesses). This test
 compiles one small translation unit, which instantiates Layout padded and unpadded for every
-head dim the step's descriptor lists, against three copies of the step's headers:
+head dim the step's capability table lists, against three copies of the step's headers:
   - the solution: compiles;
   - the learner's copy with the region blank (tools/exercise.py create 5 --region padding):
     fails, and the compiler's message names the region;
@@ -46,10 +46,10 @@ def main():
         return 2
     root, nvcc, scratch = Path(sys.argv[1]).resolve(), sys.argv[2], Path(sys.argv[3]).resolve()
     step = root / "steps" / STEP
-    host = (step / "host.cu").read_text(encoding="utf-8")
-    m = re.search(r"head_dims\s*=\s*\{([\d,\s]+)\}", host)
+    caps = (step / "capabilities.hpp").read_text(encoding="utf-8")
+    m = re.search(r"using\s+HeadDims\s*=\s*Dims<([\d,\s]+)>", caps)
     if not m:
-        print(f"FAIL: no head_dims in {step / 'host.cu'}")
+        print(f"FAIL: no `using HeadDims = Dims<...>` in {step / 'capabilities.hpp'}")
         return 1
     dims = [int(x) for x in m.group(1).split(",")]
     if scratch.exists():
