@@ -135,6 +135,15 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int row0, int r
     const int r =
         kFixedColumn ? it * (C::kThreads / kRowChunks) + tid / kRowChunks : idx / kRowChunks;
     const int c = kFixedColumn ? tid % kRowChunks : idx % kRowChunks;
+    // EXERCISE BEGIN cp-async [medium]
+    // Concept: cp.async, a 16-byte copy from global to shared memory that skips the registers
+    // and lands later (the kernel commits a group and waits for it), and its zero-fill.
+    //
+    // Copy chunk c (8 elements) of tile row r, which is row r of `base`, to its swizzled place
+    // in the tile (C::QKV::at takes a row and a column): with cp_async_16 where C::kAsync, by
+    // a plain 16-byte load and store otherwise. A row at or past `rows` must arrive as zeros,
+    // read from nowhere. Trap: cp.async with nothing to read still needs a source address that
+    // is mapped.
     const bool ok = r < rows;
     const T* from = base + (min(r, rows - 1) * C::kD + c * 8);  // skipped rows: any valid address
     T* to = tile + C::QKV::at(r, c * 8);
@@ -144,6 +153,7 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int row0, int r
       *reinterpret_cast<uint4*>(to) =
           ok ? *reinterpret_cast<const uint4*>(from) : make_uint4(0u, 0u, 0u, 0u);
     }
+    // EXERCISE END
   }
 }
 
