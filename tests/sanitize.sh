@@ -41,6 +41,11 @@ shapes=("--seq-q 37 --seq-k 53 --heads 2 --heads-kv 1 --dim 64 --causal"
 if "$bin" --help | grep -q 'dropout, block-sparse'; then
   shapes+=("--seq-q 300 --seq-k 420 --heads 2 --heads-kv 1 --dim 64 --causal --dropout 0.2 --block-sparsity random:0.6")
 fi
+# Step 07's cp.async variant: the one whose shared-memory copies are ordinary stores (cp.async),
+# which racecheck does see, ordered by wait_group and block barriers.
+if "$bin" --help | grep -q '^  wgmma: '; then
+  shapes+=("--seq-q 300 --seq-k 420 --heads 2 --heads-kv 1 --dim 128 --causal --variant wgmma")
+fi
 status=0
 for shape in "${shapes[@]}"; do
   echo "+ compute-sanitizer ${san_opts[*]} $bin $shape ${extra[*]} ${args[*]}"
