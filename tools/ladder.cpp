@@ -3,6 +3,7 @@
 //   ladder list                 the rungs of this build, what each supports, whether it runs here
 //   ladder run N [flags]        one step, exactly as its own program steps/NN_name runs it
 //   ladder compare [flags]      every runnable step on the same inputs, side by side
+//   ladder verify [flags]       judge outputs computed elsewhere by the harness's rule
 //   ladder diff A.npy B.npy     how far two arrays are apart, and where
 //   ladder bench [sweep flags]  the benchmark sweep, as rows of the results schema (CSV, JSON)
 //
@@ -485,6 +486,209 @@ struct CompareRow {
   std::string note;
 };
 
+// The inputs are shared, so the largest need of any step decides whether they can be made.
+void require_compare_memory(const std::vector<const Rung*>& selected, const Problem& p,
+                            bool dtype_forced, CheckMode mode) {
+  double need = 0;
+  for (const Rung* rung : selected)
+    if (rung->step) {
+      Problem ps = p;
+      ps.dtype = dtype_forced ? p.dtype : rung->step->default_dtype();
+      need = std::max(need, host_bytes_needed(*rung->step, ps, RunOptions{}, mode, false));
+    }
+  if (need > 0.9 * available_host_bytes())
+    throw BadInput("this comparison needs about " + fmt(need / double(1ull << 30), 2) +
+                   " GiB of host memory (inputs, outputs and the oracle's check); " +
+                   fmt(available_host_bytes() / double(1ull << 30), 2) + " GiB are available");
+}
+
+// The checked run of one step that can run here, into its row: the timing and the check, or
+// why it did not run. `asked` is the shared problem (its backward flag says what was asked).
+CheckedRun run_compare_row(CompareRow& row, const Step& s, const Problem& asked, const Inputs& in,
+                           const Prepared& host, CheckMode mode) {
+  const Problem& ps = row.p;
+  CheckedRun c;
+  try {
+    if (ps.dtype != asked.dtype) check_input_range(ps, in);  // obtain_inputs checked p's dtype
+    c = run_checked(s, ps, in, prepare_device(s, ps, host), mode);
+    row.ran = true;
+    row.r = c.result;
+    row.check = c.check;
+    row.failed = !c.check.pass;
+    if (row.failed)
+      row.note = c.check.first_failure();
+    else if (asked.backward && !s.caps.backward)
+      row.note = "forward only: no backward pass";
+  } catch (const NoDevice& e) {
+    row.note = e.what();
+    row.no_device = true;
+  } catch (const BadInput& e) {
+    row.note = std::string("cannot run: ") + e.what();
+  } catch (const std::exception& e) {  // a CUDA failure or another bug: nothing to trust
+    row.ran = true;
+    row.failed = true;
+    row.note = std::string("the run failed: ") + e.what();
+  }
+  return c;
+}
+
+// One rung of the comparison on the shared inputs `base` (of problem p), rounded to the step's
+// dtype; its outputs staged into `saved` for --save.
+CompareRow compare_step(const Rung& rung, const Problem& p, const Inputs& base,
+                        const CommonOptions& o, CheckMode mode, bool dtype_forced,
+                        NpyWriteSet& saved) {
+  CompareRow row;
+  row.rung = &rung;
+  if (!rung.step) {
+    row.note = rung.not_built;
+    row.no_device = true;  // only GPU rungs go unbuilt (no CUDA toolkit)
+    return row;
+  }
+  const Step& s = *rung.step;
+  row.variant = s.variants.front().name;
+  Problem ps = p;
+  ps.dtype = dtype_forced ? p.dtype : s.default_dtype();
+  ps.backward = p.backward && s.caps.backward;  // a forward-only step still shows its forward
+  row.dtype = dtype_name(ps.dtype);
+  row.p = ps;
+  // What the problem asks of the step first (exit 2 if no step can run it), the device
+  // after (exit 3 only when the problem was fine).
+  Prepared host;
+  try {
+    host = prepare_host(s, ps, resolve_run_options(s, o), mode, true);
+  } catch (const BadInput& e) {
+    row.note = std::string("cannot run: ") + e.what();
+    return row;
+  }
+  if (const std::string dev_why = cannot_run_here(s); !dev_why.empty()) {
+    row.note = dev_why;
+    row.no_device = true;
+    return row;
+  }
+  Inputs rounded;
+  const Inputs* in = &base;
+  if (ps.dtype != p.dtype && ps.dtype != DType::f64) {  // to float64 changes nothing
+    rounded = base;
+    round_inputs(rounded, ps.dtype);
+    in = &rounded;
+    if (const std::string bad = non_finite_input(rounded); !bad.empty()) {
+      row.note = "cannot run: the inputs are not finite once rounded to " + row.dtype + ": " + bad;
+      return row;
+    }
+  }
+  const CheckedRun c = run_compare_row(row, s, p, *in, host, mode);
+  if (!o.save.empty() && row.ran && !c.out.o.empty())  // a failed check's outputs too
+    stage_outputs(saved, (fs::path(o.save) / s.name).string(), c.out, ps.backward, o.save_f64);
+  return row;
+}
+
+// The speed-up column: the previous timed step's median time over this one's.
+std::string speedup(const CompareRow* before, const CompareRow& row, bool bwd) {
+  const double ms = bwd ? row.r.bwd_ms : row.r.fwd_ms;
+  if (!before || !(ms > 0)) return "-";
+  return fmt((bwd ? before->r.bwd_ms : before->r.fwd_ms) / ms, 2) + "x";
+}
+
+std::vector<std::string> compare_head(bool backward) {
+  std::vector<std::string> head = {"step", "variant", "dtype", "fwd ms", "TFLOP/s", "GB/s"};
+  if (backward) head.insert(head.end(), {"bwd ms", "TFLOP/s", "GB/s"});
+  head.insert(head.end(), {"workspace", "O err (tol)", "check", "speed-up"});
+  if (backward) head.push_back("bwd speed-up");
+  head.push_back("note");
+  return head;
+}
+
+// A step's cells: timings only for a step that passed its check; `prev` and `prev_bwd` are the
+// previous steps with a forward and a backward timing.
+std::vector<std::string> compare_cells(const CompareRow& row, bool backward, const CompareRow* prev,
+                                       const CompareRow* prev_bwd) {
+  const bool timed = row.ran && !row.failed;
+  const bool has_bwd = timed && row.p.backward;
+  std::vector<std::string> cells = {row.rung->name, row.variant, row.dtype};
+  auto rates = [&](double ms, bool bwd, bool have) {
+    cells.push_back(have ? fmt(ms, 3) : "-");
+    cells.push_back(have ? fmt(tflops(row.p, ms, bwd), 4) : "-");
+    cells.push_back(have ? fmt(gbps(row.p, ms, bwd), 2) : "-");
+  };
+  rates(row.r.fwd_ms, false, timed);
+  if (backward) rates(row.r.bwd_ms, true, has_bwd);
+  cells.push_back(timed ? fmt_bytes(row.r.workspace_bytes) : "-");
+  std::string err = "-", verdict = "not run";
+  if (row.ran) {
+    verdict = row.failed ? "FAIL" : row.check.tensors.empty() ? "not checked" : "ok";
+    for (const TensorCheck& tc : row.check.tensors)
+      if (tc.name == "O") err = fmt_sci(tc.step.max_abs) + " (" + fmt_sci(tc.tol) + ")";
+  }
+  cells.push_back(err);
+  cells.push_back(verdict);
+  cells.push_back(timed ? speedup(prev, row, false) : "-");
+  if (backward) cells.push_back(has_bwd ? speedup(prev_bwd, row, true) : "-");
+  cells.push_back(row.note);
+  return cells;
+}
+
+struct CompareTally {
+  int failed = 0, ran = 0, no_device = 0;
+  std::string check_mode;  // the first checked step's ("full", "sampled: ...")
+};
+
+// The table of the comparison, and a --csv row per timed step and direction.
+Table tabulate_compare(const std::vector<CompareRow>& rows, bool backward, double density,
+                       const Provenance& prov, ResultsCsv& csv, CompareTally& tally) {
+  Table t(compare_head(backward));
+  const CompareRow* prev = nullptr;      // the previous step with a timing
+  const CompareRow* prev_bwd = nullptr;  // ... and with a backward timing
+  for (const CompareRow& row : rows) {
+    t.add(compare_cells(row, backward, prev, prev_bwd));
+    tally.ran += row.ran;
+    tally.failed += row.failed;
+    tally.no_device += row.no_device;
+    if (row.ran && tally.check_mode.empty()) tally.check_mode = row.check.mode;
+    const bool timed = row.ran && !row.failed;
+    if (timed) {
+      prev = &row;
+      csv.add(make_row(*row.rung->step, row.p, false, row.r, prov, density));
+    }
+    if (timed && row.p.backward) {
+      prev_bwd = &row;
+      csv.add(make_row(*row.rung->step, row.p, true, row.r, prov, density));
+    }
+  }
+  return t;
+}
+
+// After the table: what the columns mean, then the files (only when every step passed) and the
+// exit status.
+int finish_compare(const CompareArgs& a, const CompareTally& tally, NpyWriteSet& saved,
+                   ResultsCsv& csv) {
+  const CommonOptions& o = a.o;
+  if (tally.ran)
+    std::cout << "\nO err: max |O - O_ref| vs the float64 oracle (" << tally.check_mode
+              << "); tol: the harness rule (2x a plain same-precision computation, 3x for "
+                 "gradients, plus a floor); check covers O, LSE (and dQ, dK, dV).\nspeed-up: "
+                 "the previous timed step's median time over this one's; a step that fails its "
+                 "check gets no timing.\n";
+  if (tally.failed) {  // a failed comparison writes nothing: no --save folder, no --csv row
+    if (!o.save.empty() || !a.csv.empty())
+      std::cout << "nothing was written (" << tally.failed << " step(s) failed their check)\n";
+    return kExitCheckFailed;
+  }
+  if (!o.save.empty()) {
+    // Afterwards the folder holds this run's step outputs only: the output files of a step
+    // folder from an earlier comparison that this one did not write are removed (the folder
+    // itself, and any other file in it, is left).
+    for (const Rung& r : rungs()) saved.clear((fs::path(o.save) / r.name).string());
+    saved.commit(output_names());  // all steps' folders, or none
+    std::cout << "saved each step's outputs under " << o.save << "/NN_name/\n";
+  }
+  if (const std::string w = csv.commit(); !w.empty()) std::cout << w << "\n";
+  if (tally.ran == 0) {
+    std::cerr << "error: no step could run this problem (see the notes)\n";
+    return tally.no_device > 0 ? kExitNoDevice : kExitBadInput;
+  }
+  return kExitOk;
+}
+
 int cmd_compare(const CompareArgs& a) {
   const CommonOptions& o = a.o;
   // The inputs every step shares: generated (or loaded) once, rounded to fp32 (or to --dtype),
@@ -498,20 +702,8 @@ int cmd_compare(const CompareArgs& a) {
     for (const Rung& rung : rungs())
       check_save_target((fs::path(o.save) / rung.name).string(), "--save");
   ResultsCsv csv(a.csv);
-  // The inputs are shared, so the largest need of any step decides whether they can be made.
-  double need = 0;
-  for (const Rung* rung : selected)
-    if (rung->step) {
-      Problem ps = p;
-      ps.dtype = dtype_forced ? p.dtype : rung->step->default_dtype();
-      need = std::max(need, host_bytes_needed(*rung->step, ps, RunOptions{}, mode, false));
-    }
-  if (need > 0.9 * available_host_bytes())
-    throw BadInput("this comparison needs about " + fmt(need / double(1ull << 30), 2) +
-                   " GiB of host memory (inputs, outputs and the oracle's check); " +
-                   fmt(available_host_bytes() / double(1ull << 30), 2) + " GiB are available");
+  require_compare_memory(selected, p, dtype_forced, mode);
   const Inputs base = obtain_inputs(o, p);
-  const double density = base.mask.density();
   NpyWriteSet saved;  // every step's --save files, committed together at the end
 
   std::cout << "compare: " << shape_str(p) << "\n  inputs: "
@@ -523,161 +715,17 @@ int cmd_compare(const CompareArgs& a) {
   std::vector<CompareRow> rows;
   Progress progress(selected.size());
   for (const Rung* rung : selected) {
-    CompareRow row;
-    row.rung = rung;
     progress.show(rows.size(), rung->name);
-    if (!rung->step) {
-      row.note = rung->not_built;
-      row.no_device = true;  // only GPU rungs go unbuilt (no CUDA toolkit)
-      rows.push_back(row);
-      continue;
-    }
-    const Step& s = *rung->step;
-    row.variant = s.variants.front().name;
-    Problem ps = p;
-    ps.dtype = dtype_forced ? p.dtype : s.default_dtype();
-    ps.backward = p.backward && s.caps.backward;  // a forward-only step still shows its forward
-    row.dtype = dtype_name(ps.dtype);
-    row.p = ps;
-    // What the problem asks of the step first (exit 2 if no step can run it), the device
-    // after (exit 3 only when the problem was fine).
-    Prepared host;
-    try {
-      host = prepare_host(s, ps, resolve_run_options(s, o), mode, true);
-    } catch (const BadInput& e) {
-      row.note = std::string("cannot run: ") + e.what();
-      rows.push_back(row);
-      continue;
-    }
-    if (const std::string dev_why = cannot_run_here(s); !dev_why.empty()) {
-      row.note = dev_why;
-      row.no_device = true;
-      rows.push_back(row);
-      continue;
-    }
-    Inputs rounded;
-    const Inputs* in = &base;
-    if (ps.dtype != p.dtype && ps.dtype != DType::f64) {  // to float64 changes nothing
-      rounded = base;
-      round_inputs(rounded, ps.dtype);
-      in = &rounded;
-      if (const std::string bad = non_finite_input(rounded); !bad.empty()) {
-        row.note =
-            "cannot run: the inputs are not finite once rounded to " + row.dtype + ": " + bad;
-        rows.push_back(row);
-        continue;
-      }
-    }
-    CheckedRun c;
-    try {
-      if (ps.dtype != p.dtype) check_input_range(ps, *in);  // obtain_inputs checked p's dtype
-      c = run_checked(s, ps, *in, prepare_device(s, ps, host), mode);
-      row.ran = true;
-      row.r = c.result;
-      row.check = c.check;
-      row.failed = !c.check.pass;
-      if (row.failed)
-        row.note = c.check.first_failure();
-      else if (p.backward && !s.caps.backward)
-        row.note = "forward only: no backward pass";
-    } catch (const NoDevice& e) {
-      row.note = e.what();
-      row.no_device = true;
-    } catch (const BadInput& e) {
-      row.note = std::string("cannot run: ") + e.what();
-    } catch (const std::exception& e) {  // a CUDA failure or another bug: nothing to trust
-      row.ran = true;
-      row.failed = true;
-      row.note = std::string("the run failed: ") + e.what();
-    }
-    if (!o.save.empty() && row.ran && !c.out.o.empty())  // a failed check's outputs too
-      stage_outputs(saved, (fs::path(o.save) / s.name).string(), c.out, ps.backward, o.save_f64);
-    rows.push_back(row);
+    rows.push_back(compare_step(*rung, p, base, o, mode, dtype_forced, saved));
   }
   progress.clear();
 
-  // The table: timings only for steps that passed their check.
-  std::vector<std::string> head = {"step", "variant", "dtype", "fwd ms", "TFLOP/s", "GB/s"};
-  if (p.backward) head.insert(head.end(), {"bwd ms", "TFLOP/s", "GB/s"});
-  head.insert(head.end(), {"workspace", "O err (tol)", "check", "speed-up"});
-  if (p.backward) head.push_back("bwd speed-up");
-  head.push_back("note");
-  Table t(head);
   const Provenance prov = a.csv.empty() ? Provenance{} : provenance(a.run_id);
-  const CompareRow* prev = nullptr;      // the previous step with a timing
-  const CompareRow* prev_bwd = nullptr;  // ... and with a backward timing
-  int failed = 0, ran = 0, no_device = 0;
-  std::string check_mode;
-  for (const CompareRow& row : rows) {
-    const bool timed = row.ran && !row.failed;
-    const bool has_bwd = timed && row.p.backward;
-    std::vector<std::string> cells = {row.rung->name, row.variant, row.dtype};
-    auto rates = [&](double ms, bool bwd, bool have) {
-      cells.push_back(have ? fmt(ms, 3) : "-");
-      cells.push_back(have ? fmt(tflops(row.p, ms, bwd), 4) : "-");
-      cells.push_back(have ? fmt(gbps(row.p, ms, bwd), 2) : "-");
-    };
-    rates(row.r.fwd_ms, false, timed);
-    if (p.backward) rates(row.r.bwd_ms, true, has_bwd);
-    cells.push_back(timed ? fmt_bytes(row.r.workspace_bytes) : "-");
-    std::string err = "-", verdict = "not run";
-    if (row.ran) {
-      verdict = row.failed ? "FAIL" : row.check.tensors.empty() ? "not checked" : "ok";
-      for (const TensorCheck& tc : row.check.tensors)
-        if (tc.name == "O") err = fmt_sci(tc.step.max_abs) + " (" + fmt_sci(tc.tol) + ")";
-      if (check_mode.empty()) check_mode = row.check.mode;
-    }
-    cells.push_back(err);
-    cells.push_back(verdict);
-    auto speedup = [](const CompareRow* before, double ms_before, double ms) {
-      return before && ms > 0 ? fmt(ms_before / ms, 2) + "x" : std::string("-");
-    };
-    cells.push_back(timed ? speedup(prev, prev ? prev->r.fwd_ms : 0, row.r.fwd_ms) : "-");
-    if (p.backward)
-      cells.push_back(has_bwd ? speedup(prev_bwd, prev_bwd ? prev_bwd->r.bwd_ms : 0, row.r.bwd_ms)
-                              : "-");
-    cells.push_back(row.note);
-    t.add(cells);
-
-    ran += row.ran;
-    failed += row.failed;
-    no_device += row.no_device;
-    if (timed) {
-      prev = &row;
-      csv.add(make_row(*row.rung->step, row.p, false, row.r, prov, density));
-    }
-    if (has_bwd) {
-      prev_bwd = &row;
-      csv.add(make_row(*row.rung->step, row.p, true, row.r, prov, density));
-    }
-  }
+  CompareTally tally;
+  const Table t = tabulate_compare(rows, p.backward, base.mask.density(), prov, csv, tally);
   std::cout << "\n";
   t.print(std::cout);
-  if (ran)
-    std::cout << "\nO err: max |O - O_ref| vs the float64 oracle (" << check_mode
-              << "); tol: the harness rule (2x a plain same-precision computation, 3x for "
-                 "gradients, plus a floor); check covers O, LSE (and dQ, dK, dV).\nspeed-up: "
-                 "the previous timed step's median time over this one's; a step that fails its "
-                 "check gets no timing.\n";
-  if (failed) {  // a failed comparison writes nothing: no --save folder, no --csv row
-    if (!o.save.empty() || !a.csv.empty())
-      std::cout << "nothing was written (" << failed << " step(s) failed their check)\n";
-    return kExitCheckFailed;
-  }
-  if (!o.save.empty()) {
-    // Afterwards the folder holds this run's step outputs only: the output files of a step
-    // folder from an earlier comparison that this one did not write are removed (the folder
-    // itself, and any other file in it, is left).
-    for (const Rung& r : rungs()) saved.clear((fs::path(o.save) / r.name).string());
-    saved.commit(output_names());  // all steps' folders, or none
-    std::cout << "saved each step's outputs under " << o.save << "/NN_name/\n";
-  }
-  if (const std::string w = csv.commit(); !w.empty()) std::cout << w << "\n";
-  if (ran == 0) {
-    std::cerr << "error: no step could run this problem (see the notes)\n";
-    return no_device > 0 ? kExitNoDevice : kExitBadInput;
-  }
-  return kExitOk;
+  return finish_compare(a, tally, saved, csv);
 }
 
 // ------------------------------------------------------------------------------------ diff
@@ -814,8 +862,8 @@ std::string point_str(const BenchPoint& pt) {
   return s.str();
 }
 
-int cmd_bench(BenchArgs a) {
-  // The sweep: the preset, with whatever the flags name instead.
+// The sweep: the preset, with whatever the flags name instead.
+void apply_preset(BenchArgs& a) {
   const Preset pre = preset_values(a.preset);
   if (a.seqlens.empty()) a.seqlens = pre.seqlens;
   if (a.dims.empty()) a.dims = pre.dims;
@@ -826,7 +874,20 @@ int cmd_bench(BenchArgs a) {
   // (The flags' validators checked the ranges: seq, dim, tokens, hidden >= 1, dropout in [0, 1).)
   if (a.dropouts.empty()) a.dropouts = {0.0};
   if (a.sparsities.empty()) a.sparsities = {"dense"};
+}
+
+// What the flags of a sweep say beyond its lists of values, parsed (BadInput if malformed).
+struct Sweep {
   std::vector<BlockSparsity> sparsities;
+  std::vector<DType> dtypes;  // empty: each step's own
+  bool want_fwd = false, want_bwd = false;
+  CheckMode mode = CheckMode::automatic;
+  bool cap_cpu = false;    // the flash preset without --steps: CPU steps skip seq > 1024
+  CommonOptions run_opts;  // repeats and warm-up; unset ones take the step's device default
+};
+
+Sweep parse_sweep(const BenchArgs& a) {
+  Sweep sweep;
   for (const std::string& spec : a.sparsities) {
     BlockSparsity b;
     if (spec == "dense") {
@@ -835,151 +896,259 @@ int cmd_bench(BenchArgs a) {
     } else {
       parse_sparsity(spec, "", a.mask_block, b);
     }
-    sparsities.push_back(b);
+    sweep.sparsities.push_back(b);
   }
-  std::vector<DType> dtypes;
   for (const std::string& s : a.dtypes) {
     DType t;
     if (!parse_dtype(s, t))
       throw BadInput("--dtype '" + s + "' is not one of fp64, fp32, fp16, bf16");
-    if (std::find(dtypes.begin(), dtypes.end(), t) == dtypes.end()) dtypes.push_back(t);
+    if (std::find(sweep.dtypes.begin(), sweep.dtypes.end(), t) == sweep.dtypes.end())
+      sweep.dtypes.push_back(t);
   }
-  const bool want_fwd =
-      std::find(a.directions.begin(), a.directions.end(), "fwd") != a.directions.end();
-  const bool want_bwd =
-      std::find(a.directions.begin(), a.directions.end(), "bwd") != a.directions.end();
-  CheckMode mode;
-  parse_check_mode(a.check, mode);  // the option accepts auto, full, sampled only
-  const bool explicit_steps = !a.steps.empty();
-  const std::vector<const Rung*> selected = select_rungs(a.steps);
-  check_outputs({{"--csv", a.csv}, {"--json", a.json}});
-  ResultsCsv csv(a.csv);
-  const Provenance prov = provenance(a.run_id);
+  sweep.want_fwd = std::find(a.directions.begin(), a.directions.end(), "fwd") != a.directions.end();
+  sweep.want_bwd = std::find(a.directions.begin(), a.directions.end(), "bwd") != a.directions.end();
+  parse_check_mode(a.check, sweep.mode);  // the option accepts auto, full, sampled only
+  sweep.cap_cpu = a.preset == "flash" && a.steps.empty();
+  sweep.run_opts.repeats = a.repeats;
+  sweep.run_opts.warmup = a.warmup;
+  return sweep;
+}
 
-  // Which steps take part, and why the others do not (said once, not once per point).
+// The points a sweep measures, and what it says once about those it does not.
+struct BenchPlan {
+  std::vector<BenchPoint> points;
   std::vector<std::string> notes;
-  std::vector<const Step*> steps, absent;  // absent: built, but no device here to run on
+  int no_device = 0;  // rungs and good points with no device here to run on
+};
+
+// Which steps take part, and why the others do not (said once, not once per point): the steps
+// that can run here, then those built but with no device here to run on (`absent`), whose
+// points are still checked: bad input is exit 2, not 3.
+std::vector<const Step*> bench_steps(const std::vector<const Rung*>& selected, const Sweep& sweep,
+                                     std::vector<const Step*>& absent, BenchPlan& plan) {
+  std::vector<const Step*> steps;
   std::vector<std::string> cpu_capped, fwd_only;
-  int no_device = 0;
-  const bool cap_cpu = a.preset == "flash" && !explicit_steps;
   for (const Rung* r : selected) {
     if (!r->step) {
-      notes.push_back("not run: " + r->name + ": " + r->not_built);
-      ++no_device;
+      plan.notes.push_back("not run: " + r->name + ": " + r->not_built);
+      ++plan.no_device;
       continue;
     }
     if (const std::string why = cannot_run_here(*r->step); !why.empty()) {
-      notes.push_back("not run: " + r->name + ": " + why);
-      absent.push_back(r->step);  // its points are still checked: bad input is exit 2, not 3
+      plan.notes.push_back("not run: " + r->name + ": " + why);
+      absent.push_back(r->step);
       continue;
     }
     steps.push_back(r->step);
-    if (r->step->device == Device::cpu && cap_cpu) cpu_capped.push_back(two_digits(r->number));
-    if (want_bwd && !r->step->caps.backward) fwd_only.push_back(two_digits(r->number));
+    if (r->step->device == Device::cpu && sweep.cap_cpu)
+      cpu_capped.push_back(two_digits(r->number));
+    if (sweep.want_bwd && !r->step->caps.backward) fwd_only.push_back(two_digits(r->number));
   }
   if (!cpu_capped.empty())
-    notes.push_back("CPU steps " + join(cpu_capped) +
-                    " skip seq > 1024 in the flash preset and run once, without warm-up (name "
-                    "them in --steps to include every seq)");
-  if (!fwd_only.empty() && want_fwd)
-    notes.push_back("steps " + join(fwd_only) + " have no backward pass: forward only");
+    plan.notes.push_back("CPU steps " + join(cpu_capped) +
+                         " skip seq > 1024 in the flash preset and run once, without warm-up "
+                         "(name them in --steps to include every seq)");
+  if (!fwd_only.empty() && sweep.want_fwd)
+    plan.notes.push_back("steps " + join(fwd_only) + " have no backward pass: forward only");
+  steps.insert(steps.end(), absent.begin(), absent.end());
+  return steps;
+}
 
-  // The points, in the order that lets one set of inputs serve a (seq, dim, mask) group: every
-  // dtype is rounded from the same float64 draw, and causal and dropout reuse the same inputs.
-  // A point the step does not support, or whose problem is too big for the limits or this
-  // machine's memory, is skipped here, before any inputs are made.
-  CommonOptions run_opts;  // repeats and warm-up; unset ones take the step's device default
-  run_opts.repeats = a.repeats;
-  run_opts.warmup = a.warmup;
-  std::vector<BenchPoint> points;
+// The dtypes of a group of points: the ones asked for, else each step's own.
+std::vector<DType> group_dtypes(const Sweep& sweep, const std::vector<const Step*>& steps) {
+  std::vector<DType> out = sweep.dtypes;
+  if (out.empty())
+    for (const Step* s : steps)
+      if (std::find(out.begin(), out.end(), s->default_dtype()) == out.end())
+        out.push_back(s->default_dtype());
+  return out;
+}
+
+// One point's problem: batch = tokens / seq, heads = hidden / dim (at least 1 each).
+Problem bench_problem(const BenchArgs& a, int64_t seq, int64_t dim, const BlockSparsity& sparsity,
+                      DType t, int causal, double dropout, bool bwd) {
+  Problem p;
+  p.batch = std::max<int64_t>(1, a.tokens / seq);
+  p.heads = p.heads_kv = std::max<int64_t>(1, a.hidden / dim);
+  p.seq_q = p.seq_k = seq;
+  p.dim = dim;
+  p.causal = causal != 0;
+  p.dtype = t;
+  p.seed = a.seed;
+  p.backward = bwd;
+  p.dropout = dropout;
+  p.dropout_seed = a.dropout_seed;
+  p.sparsity = sparsity;
+  return p;
+}
+
+// The points of step s on problem p, one per variant the sweep runs, each resolved against the
+// step now. One it does not support, or too big for the limits or this machine's memory, is
+// counted under its reason in `unsupported`; one of an absent step (no device) as no_device.
+void add_step_points(const BenchArgs& a, const Sweep& sweep, const Step& s, const Problem& p,
+                     size_t group, bool absent, BenchPlan& plan,
+                     std::map<std::string, int>& unsupported) {
+  for (const std::string& variant : variants_of(s, a.variants)) {
+    RunOptions ro = resolve_run_options(s, sweep.run_opts);
+    ro.variant = variant;
+    if (s.device == Device::cpu && sweep.cap_cpu) {
+      if (a.repeats <= 0) ro.repeats = 1;
+      if (a.warmup < 0) ro.warmup = 0;
+    }
+    std::string why = p.validate();
+    Prepared host;
+    if (why.empty()) try {
+        host = prepare_host(s, p, ro, sweep.mode, false);
+      } catch (const BadInput& e) {
+        why = e.what();
+      }
+    if (!why.empty()) {
+      ++unsupported[why];
+      continue;
+    }
+    if (absent) {
+      ++plan.no_device;  // a good point, on a step with no device here
+      continue;
+    }
+    plan.points.push_back({&s, p, group, variant, host});
+  }
+}
+
+// The points, in the order that lets one set of inputs serve a (seq, dim, mask) group: every
+// dtype is rounded from the same float64 draw, and causal and dropout reuse the same inputs.
+// A point the step does not support, or whose problem is too big for the limits or this
+// machine's memory, is skipped here, before any inputs are made.
+BenchPlan plan_sweep(const BenchArgs& a, const Sweep& sweep,
+                     const std::vector<const Rung*>& selected) {
+  BenchPlan plan;
+  std::vector<const Step*> absent;
+  const std::vector<const Step*> steps = bench_steps(selected, sweep, absent, plan);
   std::map<std::string, int> unsupported;  // reason -> points, said once
-  std::vector<const Step*> candidates = steps;
-  candidates.insert(candidates.end(), absent.begin(), absent.end());
   size_t group = 0;
   for (int64_t seq : a.seqlens)
     for (int64_t dim : a.dims)
-      for (const BlockSparsity& sparsity : sparsities) {
-        std::vector<DType> group_dtypes = dtypes;  // default: each step's own dtype
-        if (group_dtypes.empty())
-          for (const Step* s : candidates)
-            if (std::find(group_dtypes.begin(), group_dtypes.end(), s->default_dtype()) ==
-                group_dtypes.end())
-              group_dtypes.push_back(s->default_dtype());
-        for (DType t : group_dtypes)
+      for (const BlockSparsity& sparsity : sweep.sparsities) {
+        for (DType t : group_dtypes(sweep, steps))
           for (int causal : a.causal)
             for (double dropout : a.dropouts)
-              for (const Step* s : candidates) {
-                if (dtypes.empty() && s->default_dtype() != t) continue;
-                if (s->device == Device::cpu && cap_cpu && seq > 1024) continue;
+              for (const Step* s : steps) {
+                if (sweep.dtypes.empty() && s->default_dtype() != t) continue;
+                if (s->device == Device::cpu && sweep.cap_cpu && seq > 1024) continue;
+                const bool is_absent = std::find(absent.begin(), absent.end(), s) != absent.end();
                 for (int bwd = 0; bwd < 2; ++bwd) {
-                  if (!(bwd ? want_bwd : want_fwd) || (bwd && !s->caps.backward)) continue;
-                  Problem p;
-                  p.batch = std::max<int64_t>(1, a.tokens / seq);
-                  p.heads = p.heads_kv = std::max<int64_t>(1, a.hidden / dim);
-                  p.seq_q = p.seq_k = seq;
-                  p.dim = dim;
-                  p.causal = causal != 0;
-                  p.dtype = t;
-                  p.seed = a.seed;
-                  p.backward = bwd != 0;
-                  p.dropout = dropout;
-                  p.dropout_seed = a.dropout_seed;
-                  p.sparsity = sparsity;
-                  for (const std::string& variant : variants_of(*s, a.variants)) {
-                    RunOptions ro = resolve_run_options(*s, run_opts);
-                    ro.variant = variant;
-                    if (s->device == Device::cpu && cap_cpu) {
-                      if (a.repeats <= 0) ro.repeats = 1;
-                      if (a.warmup < 0) ro.warmup = 0;
-                    }
-                    std::string why = p.validate();
-                    Prepared host;
-                    if (why.empty()) try {
-                        host = prepare_host(*s, p, ro, mode, false);
-                      } catch (const BadInput& e) {
-                        why = e.what();
-                      }
-                    if (!why.empty()) {
-                      ++unsupported[why];
-                      continue;
-                    }
-                    if (std::find(absent.begin(), absent.end(), s) != absent.end()) {
-                      ++no_device;  // a good point, on a step with no device here
-                      continue;
-                    }
-                    points.push_back({s, p, group, variant, host});
-                  }
+                  if (!(bwd ? sweep.want_bwd : sweep.want_fwd) || (bwd && !s->caps.backward))
+                    continue;
+                  const Problem p =
+                      bench_problem(a, seq, dim, sparsity, t, causal, dropout, bwd != 0);
+                  add_step_points(a, sweep, *s, p, group, is_absent, plan, unsupported);
                 }
               }
         ++group;
       }
   for (const auto& [why, n] : unsupported)
-    notes.push_back("skipped: " + why + " (" + std::to_string(n) +
-                    (n == 1 ? " point)" : " points)"));
+    plan.notes.push_back("skipped: " + why + " (" + std::to_string(n) +
+                         (n == 1 ? " point)" : " points)"));
+  return plan;
+}
 
+void print_bench_header(const BenchArgs& a, const Sweep& sweep, const BenchPlan& plan,
+                        const Provenance& prov) {
   std::cout << "bench: preset " << a.preset << ", " << a.tokens
             << " tokens (batch = tokens / seq), "
             << "hidden " << a.hidden << " (heads = hidden / dim)\n  seq " << join(a.seqlens)
             << "; dim " << join(a.dims) << "; causal " << join(a.causal) << "; "
             << join(a.directions) << "; dtype "
-            << (dtypes.empty() ? std::string("each step's own") : join(a.dtypes)) << "\n  "
-            << points.size() << " points; check " << a.check << "; gpu "
+            << (sweep.dtypes.empty() ? std::string("each step's own") : join(a.dtypes)) << "\n  "
+            << plan.points.size() << " points; check " << a.check << "; gpu "
             << (prov.gpu.empty() ? "none" : prov.gpu) << ", CUDA "
             << (prov.cuda.empty() ? "-" : prov.cuda) << ", commit " << prov.commit << ", run "
             << prov.run << "\n";
-  for (const std::string& n : notes) std::cout << "  " << n << "\n";
-  if (points.empty()) {
-    std::cerr << "error: nothing to measure (see above)\n";
-    return no_device > 0 ? kExitNoDevice : kExitBadInput;
+  for (const std::string& n : plan.notes) std::cout << "  " << n << "\n";
+}
+
+// The inputs of the sweep's points, made once per group and rounded once per dtype.
+class SweepInputs {
+ public:
+  // The inputs of points[k]; a point of a new group draws the group's inputs.
+  const Inputs& of(const std::vector<BenchPoint>& points, size_t k) {
+    const BenchPoint& pt = points[k];
+    if (pt.group != group_) {
+      // One float64 draw per (seq, dim), with dO when any point of the group goes backward.
+      Problem g = pt.p;
+      g.dtype = DType::f64;
+      g.backward = false;
+      for (size_t j = k; j < points.size() && points[j].group == pt.group; ++j)
+        g.backward = g.backward || points[j].p.backward;
+      base_ = Inputs();  // (rounded keeps its storage: the next copy into it reuses it)
+      base_ = make_inputs(g);
+      group_ = pt.group;
+      rounded_to_ = DType::f64;
+    }
+    if (pt.p.dtype != DType::f64 && pt.p.dtype != rounded_to_) {
+      rounded_ = base_;
+      round_inputs(rounded_, pt.p.dtype);
+      rounded_to_ = pt.p.dtype;
+    }
+    return pt.p.dtype == DType::f64 ? base_ : rounded_;
   }
 
-  std::vector<ResultRow> results;
-  std::vector<std::string> errs;  // max abs error of O, per row of results
+ private:
+  size_t group_ = size_t(-1);
+  Inputs base_, rounded_;
+  DType rounded_to_ = DType::f64;
+};
+
+// The rows the sweep measured, and the points that got none.
+struct BenchResults {
+  std::vector<ResultRow> rows;
+  std::vector<std::string> errs;  // max abs error of O, per row
   int failed = 0, skipped = 0;
-  Progress progress(points.size());
-  size_t have_group = size_t(-1);
-  Inputs base, rounded;
-  DType rounded_to = DType::f64;
+};
+
+// Checks one point and keeps its timing as a row; a point that cannot run here is skipped and
+// one that fails (its run or its check) is a failure, each saying why, and neither gets a row.
+// Returns whether it got one.
+bool measure_point(const BenchPoint& pt, const std::string& label, const Inputs& in, CheckMode mode,
+                   Outputs& out, const Provenance& prov, Progress& progress, BenchResults& res) {
+  auto skip = [&](const std::exception& e) {
+    progress.clear();
+    std::cout << "skipped: " << label << ": " << e.what() << "\n";
+    ++res.skipped;
+    return false;
+  };
+  CheckedRun c;
+  try {
+    check_input_range(pt.p, in);
+    c = run_checked(*pt.step, pt.p, in, prepare_device(*pt.step, pt.p, pt.host), mode, out);
+  } catch (const BadInput& e) {  // e.g. more device memory than there is
+    return skip(e);
+  } catch (const NoDevice& e) {
+    return skip(e);
+  } catch (const std::exception& e) {
+    progress.clear();
+    std::cout << "FAIL " << label << ": the run failed: " << e.what() << "\n";
+    ++res.failed;
+    return false;
+  }
+  if (!c.check.pass) {
+    progress.clear();
+    std::cout << "FAIL " << label << ": " << c.check.first_failure()
+              << " (no timing is reported for a failed check)\n";
+    ++res.failed;
+    return false;
+  }
+  res.rows.push_back(
+      make_row(*pt.step, pt.p, pt.p.backward, c.result, prov, in.mask.density(), pt.variant));
+  res.errs.push_back("-");
+  for (const TensorCheck& tc : c.check.tensors)
+    if (tc.name == "O") res.errs.back() = fmt_sci(tc.step.max_abs);
+  return true;
+}
+
+BenchResults measure_sweep(const std::vector<BenchPoint>& points, CheckMode mode,
+                           const Provenance& prov, ResultsCsv& csv, Progress& progress) {
+  BenchResults res;
+  SweepInputs inputs;
   // Output tensors kept from point to point (forward, backward) and re-poisoned in place while
   // their sizes stay (in the flash preset, tokens x hidden fixed: every point but the first).
   Outputs outs[2];
@@ -987,68 +1156,21 @@ int cmd_bench(BenchArgs a) {
     const BenchPoint& pt = points[k];
     const std::string label = point_str(pt);
     progress.show(k, label);
-    if (pt.group != have_group) {
-      // One float64 draw per (seq, dim), with dO when any point of the group goes backward.
-      Problem g = pt.p;
-      g.dtype = DType::f64;
-      g.backward = false;
-      for (size_t j = k; j < points.size() && points[j].group == pt.group; ++j)
-        g.backward = g.backward || points[j].p.backward;
-      base = Inputs();  // (rounded keeps its storage: the next copy into it reuses it)
-      base = make_inputs(g);
-      have_group = pt.group;
-      rounded_to = DType::f64;
-    }
-    if (pt.p.dtype != DType::f64 && pt.p.dtype != rounded_to) {
-      rounded = base;
-      round_inputs(rounded, pt.p.dtype);
-      rounded_to = pt.p.dtype;
-    }
-    const Inputs& in = pt.p.dtype == DType::f64 ? base : rounded;
-    CheckedRun c;
-    try {
-      check_input_range(pt.p, in);
-      c = run_checked(*pt.step, pt.p, in, prepare_device(*pt.step, pt.p, pt.host), mode,
-                      outs[pt.p.backward ? 1 : 0]);
-    } catch (const BadInput& e) {  // e.g. more device memory than there is
-      progress.clear();
-      std::cout << "skipped: " << label << ": " << e.what() << "\n";
-      ++skipped;
-      continue;
-    } catch (const NoDevice& e) {
-      progress.clear();
-      std::cout << "skipped: " << label << ": " << e.what() << "\n";
-      ++skipped;
-      continue;
-    } catch (const std::exception& e) {
-      progress.clear();
-      std::cout << "FAIL " << label << ": the run failed: " << e.what() << "\n";
-      ++failed;
-      continue;
-    }
-    if (!c.check.pass) {
-      progress.clear();
-      std::cout << "FAIL " << label << ": " << c.check.first_failure()
-                << " (no timing is reported for a failed check)\n";
-      ++failed;
-      continue;
-    }
-    const ResultRow row =
-        make_row(*pt.step, pt.p, pt.p.backward, c.result, prov, in.mask.density(), pt.variant);
-    csv.add(row);
-    results.push_back(row);
-    errs.push_back("-");
-    for (const TensorCheck& tc : c.check.tensors)
-      if (tc.name == "O") errs.back() = fmt_sci(tc.step.max_abs);
+    const Inputs& in = inputs.of(points, k);
+    if (measure_point(pt, label, in, mode, outs[pt.p.backward ? 1 : 0], prov, progress, res))
+      csv.add(res.rows.back());
   }
   progress.clear();
+  return res;
+}
 
-  // The summary groups the steps of one shape and direction together, to read across them
-  // (the sweep ran in the order that reuses inputs).
-  std::vector<size_t> order(results.size());
+// The summary groups the steps of one shape and direction together, to read across them
+// (the sweep ran in the order that reuses inputs). Returns the rows in the table's order.
+std::vector<ResultRow> print_bench_table(const BenchResults& res) {
+  std::vector<size_t> order(res.rows.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   auto key = [&](size_t i) {
-    const ResultRow& r = results[i];
+    const ResultRow& r = res.rows[i];
     return std::make_tuple(r.p.seq_q, r.p.dim, r.p.causal, r.direction != "fwd", r.step, r.dtype);
   };
   std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return key(x) < key(y); });
@@ -1056,23 +1178,43 @@ int cmd_bench(BenchArgs a) {
            "GB/s", "workspace", "O err"});
   std::vector<ResultRow> sorted;
   for (size_t i : order) {
-    const ResultRow& r = results[i];
+    const ResultRow& r = res.rows[i];
     t.add({r.step, r.dtype, std::to_string(r.p.batch), std::to_string(r.p.heads),
            std::to_string(r.p.seq_q), std::to_string(r.p.dim), r.p.causal ? "1" : "0", r.direction,
-           fmt(r.ms, 3), fmt(r.tflops, 4), fmt(r.gbps, 2), fmt_bytes(r.workspace), errs[i]});
+           fmt(r.ms, 3), fmt(r.tflops, 4), fmt(r.gbps, 2), fmt_bytes(r.workspace), res.errs[i]});
     sorted.push_back(r);
   }
   std::cout << "\n";
   t.print(std::cout);
+  return sorted;
+}
+
+int cmd_bench(BenchArgs a) {
+  apply_preset(a);
+  const Sweep sweep = parse_sweep(a);
+  const std::vector<const Rung*> selected = select_rungs(a.steps);
+  check_outputs({{"--csv", a.csv}, {"--json", a.json}});
+  ResultsCsv csv(a.csv);
+  const Provenance prov = provenance(a.run_id);
+  const BenchPlan plan = plan_sweep(a, sweep, selected);
+  print_bench_header(a, sweep, plan, prov);
+  if (plan.points.empty()) {
+    std::cerr << "error: nothing to measure (see above)\n";
+    return plan.no_device > 0 ? kExitNoDevice : kExitBadInput;
+  }
+
+  Progress progress(plan.points.size());
+  const BenchResults res = measure_sweep(plan.points, sweep.mode, prov, csv, progress);
+  const std::vector<ResultRow> sorted = print_bench_table(res);
   std::cout << "\n"
-            << results.size() << " points measured, " << skipped << " skipped, " << failed
+            << res.rows.size() << " points measured, " << res.skipped << " skipped, " << res.failed
             << " failed, in " << duration_str(progress.elapsed_s()) << "\n";
   if (const std::string w = csv.commit(); !w.empty()) std::cout << w << "\n";
   if (!a.json.empty()) {
     write_json(a.json, sorted);
-    std::cout << "wrote " << results.size() << " rows to " << a.json << "\n";
+    std::cout << "wrote " << res.rows.size() << " rows to " << a.json << "\n";
   }
-  return failed ? kExitCheckFailed : kExitOk;
+  return res.failed ? kExitCheckFailed : kExitOk;
 }
 
 // ------------------------------------------------------------------------------------ main
@@ -1106,69 +1248,85 @@ CLI::Option* run_id_option(CLI::App* app, std::string& id, const char* group) {
       ->group(group);
 }
 
-int main_(int argc, char** argv) {
-  CLI::App app{
-      "ladder — the driver of the attention ladder: list the rungs, run one, compare "
-      "them on the same inputs, verify outputs computed elsewhere, diff two .npy files, run "
-      "the benchmark sweep.",
-      "ladder"};
-  app.require_subcommand(1);
-  app.footer(std::string("Each verb has its own --help, e.g. `ladder compare --help`.\n") +
-             kExitFooter);
+// Each verb: its subcommand, the values its flags are parsed into (CLI11 holds references to
+// them, so a verb stays where main_ made it), and the options read after parsing.
 
-  app.add_subcommand("list",
-                     "every rung of this build: device, what it supports, its variants, "
-                     "whether it can run here");
+struct RunVerb {
+  CLI::App* cmd = nullptr;
+  std::string which;
+  CommonOptions o;
+};
 
-  CLI::App* run = app.add_subcommand(
+void add_run(CLI::App& app, RunVerb& v) {
+  v.cmd = app.add_subcommand(
       "run",
       "run one step exactly as its program steps/NN_name does (the same flags, the same "
       "exit status)");
-  std::string which;
-  CommonOptions run_o;
-  run->add_option("N", which, "the rung: its number (5, 05) or its folder name")->required();
-  add_common_options(*run, run_o);
-  run->footer(rung_footer() + "\n`ladder list` says what each supports; " + kExitFooter);
+  v.cmd->add_option("N", v.which, "the rung: its number (5, 05) or its folder name")->required();
+  add_common_options(*v.cmd, v.o);
+  v.cmd->footer(rung_footer() + "\n`ladder list` says what each supports; " + kExitFooter);
+}
 
-  CLI::App* compare = app.add_subcommand(
+struct CompareVerb {
+  CLI::App* cmd = nullptr;
+  CompareArgs a;
+  CLI::Option* variant = nullptr;  // hidden: compare runs each step's default variant
+};
+
+void add_compare(CLI::App& app, CompareVerb& v) {
+  v.cmd = app.add_subcommand(
       "compare",
       "every runnable step on the same inputs: time, TFLOP/s, GB/s, workspace, error vs the "
       "float64 oracle, speed-up over the previous step");
-  CompareArgs ca;
-  add_common_options(*compare, ca.o);
+  add_common_options(*v.cmd, v.a.o);
   // Each step runs its default variant; `ladder run N --variant V` runs another.
   // Hidden rather than removed, so that using it says what to do instead.
-  CLI::Option* compare_variant = compare->get_option("--variant")->group("");
-  compare->add_option("--steps", ca.steps, "the rungs to compare (default: all), e.g. 0,1,2")
+  v.variant = v.cmd->get_option("--variant")->group("");
+  v.cmd->add_option("--steps", v.a.steps, "the rungs to compare (default: all), e.g. 0,1,2")
       ->check(nonempty())
       ->delimiter(',')
       ->group("Compare");
-  file_option(compare, "--csv", ca.csv,
+  file_option(v.cmd, "--csv", v.a.csv,
               "append one row per step and direction (results schema) to FILE", "Compare");
-  run_id_option(compare, ca.run_id, "Compare");
-  compare->footer(
+  run_id_option(v.cmd, v.a.run_id, "Compare");
+  v.cmd->footer(
       "The inputs are made (or --load-ed) once, rounded to fp32 (or to --dtype) and then to "
       "each step's dtype. With --dtype, steps without that dtype are listed as not run. With "
       "--backward, a step with no backward pass shows its forward only. --save DIR writes each "
       "step's outputs to DIR/NN_name/.\nExit status: 0 every step that ran passed its check, 1 "
       "a step failed, 2 bad input (or no step can run it), 3 no step ran for want of a CUDA "
       "device.");
+}
 
-  CLI::App* verify_cmd = app.add_subcommand(
+int run_compare_verb(const CompareVerb& v) {
+  if (v.variant->count()) {
+    std::cerr << "error: compare runs each step's default variant; run another with `ladder "
+                 "run N --variant V`\n";
+    return kExitBadInput;
+  }
+  return guarded([&] { return cmd_compare(v.a); });
+}
+
+struct VerifyVerb {
+  CLI::App* cmd = nullptr;
+  CommonOptions o;
+  std::string outputs;
+};
+
+void add_verify(CLI::App& app, VerifyVerb& v) {
+  v.cmd = app.add_subcommand(
       "verify",
       "judge outputs computed anywhere (your kernel, another library) by the harness's rule: "
       "the same error/tolerance table and exit status as a rung's run");
-  CommonOptions verify_o;
-  std::string verify_outputs;
-  add_common_options(*verify_cmd, verify_o);
-  verify_cmd
-      ->add_option("--outputs", verify_outputs,
+  add_common_options(*v.cmd, v.o);
+  v.cmd
+      ->add_option("--outputs", v.outputs,
                    "the outputs to judge: o.npy, lse.npy (float32 or float64, [B, H, M, d] and "
                    "[B, H, M]) and, for a backward pass, dq.npy, dk.npy, dv.npy")
       ->type_name("DIR")
       ->required();
-  for (const std::string& f : verify_unused_flags()) verify_cmd->get_option(f)->group("");
-  verify_cmd->footer(
+  for (const std::string& f : verify_unused_flags()) v.cmd->get_option(f)->group("");
+  v.cmd->footer(
       "Needs --load DIR (q.npy, k.npy, v.npy, and do.npy for a backward pass: the inputs the "
       "outputs came from) and --dtype (the precision they were computed in, which picks the "
       "yardstick: docs/CONTRACT.md, \"The harness\"). The problem flags (--causal, --scale, "
@@ -1176,30 +1334,44 @@ int main_(int argc, char** argv) {
       "must be the ones the outputs were computed with. --check full (default auto: sampled "
       "rows above 4 GFLOP, every element still scanned for NaN/Inf).\n" +
       std::string(kExitFooter));
+}
 
-  CLI::App* diff = app.add_subcommand(
-      "diff", "how far two .npy arrays are apart: max abs and relative error, and where");
-  std::string diff_a, diff_b;
+int run_verify_verb(const VerifyVerb& v) {
+  for (const std::string& f : verify_unused_flags())
+    if (v.cmd->get_option(f)->count()) {
+      std::cerr << "error: verify judges outputs that exist; " << f << " has no meaning here\n";
+      return kExitBadInput;
+    }
+  return guarded([&] { return verify_outputs_cli(v.o, v.outputs); });
+}
+
+struct DiffVerb {
+  CLI::App* cmd = nullptr;
+  std::string a, b;
   double tol = 0;
-  diff->add_option("A", diff_a, "the array to measure (.npy, float32 or float64)")
+  CLI::Option* tol_opt = nullptr;
+};
+
+void add_diff(CLI::App& app, DiffVerb& v) {
+  v.cmd = app.add_subcommand(
+      "diff", "how far two .npy arrays are apart: max abs and relative error, and where");
+  v.cmd->add_option("A", v.a, "the array to measure (.npy, float32 or float64)")
       ->check(nonempty())
       ->required();
-  diff->add_option("B", diff_b, "the reference (.npy); relative errors are relative to it")
+  v.cmd->add_option("B", v.b, "the reference (.npy); relative errors are relative to it")
       ->check(nonempty())
       ->required();
-  CLI::Option* tol_opt =
-      diff->add_option("--tol", tol, "exit 1 if max abs error > X or a non-finite value differs")
+  v.tol_opt =
+      v.cmd->add_option("--tol", v.tol, "exit 1 if max abs error > X or a non-finite value differs")
           ->check(real_in(0.0, std::numeric_limits<double>::max(), false))
           ->type_name("X");
-  diff->footer(
+  v.cmd->footer(
       "Exit status: 0 (a measurement, not a test) unless --tol is given; 1 outside --tol; 2 "
       "unreadable files or different shapes.");
+}
 
-  CLI::App* bench = app.add_subcommand(
-      "bench",
-      "the benchmark sweep: every runnable step over a grid of shapes, checked, then "
-      "timed; rows in the results schema");
-  BenchArgs ba;
+// bench's Sweep group: the values the sweep runs through.
+void add_sweep_flags(CLI::App* bench, BenchArgs& ba) {
   // A list of values the sweep runs through, comma-separated.
   auto sweep = [&](const char* flag, auto& values, const char* help, const CLI::Validator& v) {
     return bench->add_option(flag, values, help)->check(v)->delimiter(',')->group("Sweep");
@@ -1252,6 +1424,20 @@ int main_(int argc, char** argv) {
       ->check(unsigned_integer())
       ->capture_default_str()
       ->group("Sweep");
+}
+
+struct BenchVerb {
+  CLI::App* cmd = nullptr;
+  BenchArgs a;
+};
+
+void add_bench(CLI::App& app, BenchVerb& v) {
+  CLI::App* bench = v.cmd = app.add_subcommand(
+      "bench",
+      "the benchmark sweep: every runnable step over a grid of shapes, checked, then "
+      "timed; rows in the results schema");
+  BenchArgs& ba = v.a;
+  add_sweep_flags(bench, ba);
   bench
       ->add_option("--repeats", ba.repeats,
                    "timed runs, median reported (default: CPU 3, GPU 20; the flash preset runs "
@@ -1279,6 +1465,30 @@ int main_(int argc, char** argv) {
       "else the configure-time value. run: --run-id, else a fresh id per invocation; rows that "
       "share it were measured in one call. A point that fails its check gets no row and makes the "
       "exit status 1; unsupported points (a dim, too much memory) are skipped, saying why.");
+}
+
+int main_(int argc, char** argv) {
+  CLI::App app{
+      "ladder — the driver of the attention ladder: list the rungs, run one, compare "
+      "them on the same inputs, verify outputs computed elsewhere, diff two .npy files, run "
+      "the benchmark sweep.",
+      "ladder"};
+  app.require_subcommand(1);
+  app.footer(std::string("Each verb has its own --help, e.g. `ladder compare --help`.\n") +
+             kExitFooter);
+  app.add_subcommand("list",
+                     "every rung of this build: device, what it supports, its variants, "
+                     "whether it can run here");
+  RunVerb run;
+  add_run(app, run);
+  CompareVerb compare;
+  add_compare(app, compare);
+  VerifyVerb verify;
+  add_verify(app, verify);
+  DiffVerb diff;
+  add_diff(app, diff);
+  BenchVerb bench;
+  add_bench(app, bench);
 
   if (argc < 2) {
     std::cerr << app.help();
@@ -1287,28 +1497,12 @@ int main_(int argc, char** argv) {
   const int rc = parse_or_exit(app, argc, argv);
   if (rc >= 0) return rc;
 
-  if (run->parsed()) {
-    return cmd_run(which, run_o);
-  }
-  if (compare->parsed()) {
-    if (compare_variant->count()) {
-      std::cerr << "error: compare runs each step's default variant; run another with `ladder "
-                   "run N --variant V`\n";
-      return kExitBadInput;
-    }
-    return guarded([&] { return cmd_compare(ca); });
-  }
-  if (verify_cmd->parsed()) {
-    for (const std::string& f : verify_unused_flags())
-      if (verify_cmd->get_option(f)->count()) {
-        std::cerr << "error: verify judges outputs that exist; " << f << " has no meaning here\n";
-        return kExitBadInput;
-      }
-    return guarded([&] { return verify_outputs_cli(verify_o, verify_outputs); });
-  }
-  if (diff->parsed())
-    return guarded([&] { return cmd_diff(diff_a, diff_b, tol_opt->count() > 0, tol); });
-  if (bench->parsed()) return guarded([&] { return cmd_bench(ba); });
+  if (run.cmd->parsed()) return cmd_run(run.which, run.o);
+  if (compare.cmd->parsed()) return run_compare_verb(compare);
+  if (verify.cmd->parsed()) return run_verify_verb(verify);
+  if (diff.cmd->parsed())
+    return guarded([&] { return cmd_diff(diff.a, diff.b, diff.tol_opt->count() > 0, diff.tol); });
+  if (bench.cmd->parsed()) return guarded([&] { return cmd_bench(bench.a); });
   return guarded(cmd_list);
 }
 
