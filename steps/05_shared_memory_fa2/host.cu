@@ -1,7 +1,8 @@
 // Step 05's host side: the descriptor (what it supports; the head dims and dtypes are in
 // capabilities.hpp), the variants, the tile choice (the FlashAttention block-size rule) and the
-// launches. The algorithm is row_per_thread.cuh (the first kernel to read),
-// shared_memory_fa2.cuh (forward) and shared_memory_fa2_backward.cuh (backward).
+// launches. The algorithm is row_per_thread.cuh (the first kernel to read), shared_memory_fa2.cuh
+// (the overview and the tile machinery), shared_memory_fa2_forward.cuh (forward) and
+// shared_memory_fa2_backward.cuh (backward).
 #include <algorithm>
 #include <iostream>
 #include <string>
@@ -13,6 +14,7 @@
 #include "fault.hpp"
 #include "gpu_run.cuh"
 #include "shared_memory_fa2_backward.cuh"
+#include "shared_memory_fa2_forward.cuh"
 #include "steps.hpp"
 
 namespace ladder {
@@ -22,7 +24,7 @@ using namespace step05;
 
 // The variants. The default is the full FA2 kernel. Then the learner's path up to it, each
 // row the previous one plus one idea ("+" reads "the previous row plus"): the row-per-thread
-// kernel (row_per_thread.cuh), then the micro-tiled kernel of shared_memory_fa2.cuh reading
+// kernel (row_per_thread.cuh), then the micro-tiled kernel of shared_memory_fa2_forward.cuh reading
 // shared memory 4 bytes at a time, into unpadded rows, with one load in flight per thread;
 // then with 16-byte reads, then with the pads; adding the loads in flight gives 'fa2' itself.
 // Last, the FA1 loop order. Only 'fa2' has dropout and block masks; every variant's backward

@@ -2,7 +2,8 @@
 // FlashAttention-2 (T. Dao, 2023, arXiv:2307.08691, Algorithm 1).
 // Step 05, read this file first: the simplest shared-memory FlashAttention-2 forward (the
 // `row` variant, `--variant row`), from which the step's other kernels are built up one idea
-// at a time (shared_memory_fa2.cuh; notes/05_shared_memory_fa2.md has the measured path).
+// at a time (shared_memory_fa2.cuh, the step's overview, then shared_memory_fa2_forward.cuh;
+// notes/05_shared_memory_fa2.md has the measured path).
 //
 // Step 04 gave each query row its own thread and read every K and V row from global memory
 // once per query row. Here the threads of a block, one per query row as before, first copy a

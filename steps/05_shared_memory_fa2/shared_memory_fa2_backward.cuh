@@ -19,7 +19,11 @@
 // element (dropout::keep) for dP_ij o Z_ij / (1 - p) and for P_ij o Z_ij, which goes to shared
 // memory for dV_j (times 1 / (1 - p) once, at the end); dS_ij takes the undropped P_ij.
 #pragma once
+#include <atomic>
+#include <type_traits>
+
 #include "shared_memory_fa2.cuh"
+#include "shared_memory_fa2_forward.cuh"  // so that this header gives both passes
 
 namespace ladder::step05 {
 
