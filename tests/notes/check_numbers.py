@@ -10,7 +10,9 @@ A quoted number is tagged by an HTML comment right after it (invisible on GitHub
 The number is the last one before the comment (digits, with optional thousands commas and a
 decimal part; a sign, ×, % or unit may sit between). The tag names its source row:
   ceiling=NAME          notes/results/ceilings.csv: the newest row of that ceiling (the last in
-                        the file, as tools/figures.py reads it); column `value`.
+                        the file, as tools/figures.py reads it) measured on the GPU named by
+                        gpu=TEXT (a part of the gpu column; default H100, the GPU the notes
+                        quote); column `value`.
   file=NAME.csv|.tsv    a results file in notes/results (default h100.csv); every other key is
                         a column of it that the row must match, with these shorthands:
                           dir=D   direction=D
@@ -73,10 +75,11 @@ def norm(column, value):
 def source(keys):
     """The value a tag points at, or raises ValueError saying why there is none."""
     if "ceiling" in keys:
+        gpu = keys.get("gpu", "H100")
         found = [r for r in rows("ceilings.csv") if r["ceiling"].strip() == keys["ceiling"]]
-        found = [r for r in found if r["value"].strip() not in ("", "-")]
+        found = [r for r in found if r["value"].strip() not in ("", "-") and gpu in r["gpu"]]
         if not found:
-            raise ValueError(f"no ceiling '{keys['ceiling']}' in ceilings.csv")
+            raise ValueError(f"no ceiling '{keys['ceiling']}' of a {gpu} in ceilings.csv")
         return float(found[-1][keys.get("field", "value")])
     keys = dict(keys)
     name = keys.pop("file", "h100.csv")
