@@ -6,6 +6,8 @@
 # e.g. tools/ab_sweep.sh /tmp/old/ladder build-gpu/ladder 2 out --preset flash --steps 7 \
 #        --dtype bf16,fp16
 # Writes OUTDIR/a-N.csv and OUTDIR/b-N.csv (each build's own results schema) and a log.
+# COMMIT_A and COMMIT_B, when set, stamp each side's rows (LADDER_COMMIT for that binary): a
+# build's own guess is the commit of the tree it runs in, which for an exported old tree is none.
 set -uo pipefail
 a=$1 b=$2 passes=$3 out=$4
 shift 4
@@ -13,10 +15,10 @@ mkdir -p "$out"
 status=0
 for n in $(seq 1 "$passes"); do
   for side in a b; do
-    bin=$a
-    [ "$side" = b ] && bin=$b
+    bin=$a stamp=${COMMIT_A:-${LADDER_COMMIT:-}}
+    [ "$side" = b ] && bin=$b stamp=${COMMIT_B:-${LADDER_COMMIT:-}}
     t0=$(date +%s)
-    "$bin" bench --csv "$out/$side-$n.csv" "$@" >>"$out/ab.log" 2>&1 || status=1
+    LADDER_COMMIT=$stamp "$bin" bench --csv "$out/$side-$n.csv" "$@" >>"$out/ab.log" 2>&1 || status=1
     echo "pass $n $side: $(($(date +%s) - t0)) s (exit $status)" | tee -a "$out/ab.log"
   done
 done
