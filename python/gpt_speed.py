@@ -10,7 +10,8 @@ batch chosen so that every context trains 16384 tokens per step (64 x 256, 16 x 
 8 x 2048). Per context, the attentions take turns in rounds (warm-up steps, then timed steps,
 per round) so that drift of clocks or temperature falls on all of them alike; a step's time is
 CUDA events around it (no synchronisation inside), the row the median over every round. Rows:
-commit, gpu, torch, context, batch, attn, step_ms, ratio to sdpa, the rung-07 plan counters.
+commit, gpu, torch, context, batch, attn, step_ms, ratio to sdpa, the operator's counters
+(rung 07's plans and calls, the layout copies).
 
 profile: torch.profiler over a few steps per attention: the table of CUDA time and CPU (host)
 time per operator, the kernels with their launch counts, and a Chrome trace to open in
@@ -171,7 +172,7 @@ def profile(args) -> int:
         text = (
             f"{attn}, context {args.context}, batch {batch}, {args.steps} steps, "
             f"commit {commit()}\n"
-            f"rung-07 counters during the profile: "
+            f"the operator's counters during the profile: "
             f"{ {k: after[k] - before.get(k, 0) for k in after} }\n\n"
             f"== by CUDA time\n{table}\n\n== by host (CPU) time\n{host}\n"
         )

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -53,13 +54,15 @@ void register_counter(const char* name, const std::atomic<int64_t>* value) {
 
 namespace {
 
-// One line per compiled instantiation, "rung dtype dim backward lse_lo" (e.g. "7 bfloat16 64 1
-// 0"): what ladder_torch checks calls against, so that Python holds no copy of the list.
+// One line per compiled instantiation, "rung dtype dim backward lse_lo strides dropout
+// mask_block_q mask_block_k" (e.g. "7 bfloat16 64 1 0 1 1 128 128"): what ladder_torch checks
+// calls against, so that Python holds no copy of the list.
 std::string capabilities() {
   std::ostringstream s;
   for (const RungKernels& k : registry())
     s << k.rung << " " << torch_dtype_name(k.dtype) << " " << k.dim << " "
-      << (k.backward != nullptr) << " " << k.lse_lo << "\n";
+      << (k.backward != nullptr) << " " << k.lse_lo << " " << k.strides << " " << k.dropout << " "
+      << k.mask_block_q << " " << k.mask_block_k << "\n";
   return s.str();
 }
 
@@ -158,16 +161,115 @@ const RungKernels& kernels_for(int64_t rung, const at::Tensor& q, bool backward)
   return *k;
 }
 
-// The kernels read 16-byte vectors from dense row-major tensors: a strided or misaligned
-// view (a slice at an odd offset) is copied first; `negate` makes the copy -t.
-at::Tensor dense(const at::Tensor& t, bool negate = false) {
-  if (negate) return t.neg().contiguous();  // a fresh, aligned allocation
+// Copies made because a rung could not read a tensor where it was (its layout, or a base that
+// is not 16-byte aligned): what a test reads to see that a rung with strides reads views in place.
+std::atomic<int64_t> g_layout_copies{0};
+const CounterRegistrar kCounters{{"ops.layout_copies", &g_layout_copies}};
+
+// A dense, 16-byte-aligned tensor with t's contents: t itself when it is one, else a copy.
+at::Tensor dense(const at::Tensor& t) {
   const at::Tensor c = t.contiguous();
-  return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
+  const at::Tensor d = reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
+  if (!d.is_same(t)) g_layout_copies.fetch_add(1, std::memory_order_relaxed);
+  return d;
+}
+
+// t's strides as a rung with RungKernels::strides reads them: each a non-negative multiple of 16
+// bytes below 2^40 bytes, the head dim contiguous, the base 16-byte aligned (the TMA unit's rule,
+// step 07's strides_ok); nothing where t breaks it. A dimension of extent 1 is never stepped
+// along: its stride is taken as the dense one. A dense tensor gives all 0 (the kernels' dense).
+std::optional<Strides> strides_of(const at::Tensor& t) {
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return std::nullopt;
+  if (t.is_contiguous()) return Strides{};
+  if (t.size(3) > 1 && t.stride(3) != 1) return std::nullopt;
+  int64_t s[3], inner = t.size(3);
+  for (int i = 2; i >= 0; --i) {
+    s[i] = t.size(i) == 1 ? inner : t.stride(i);
+    const int64_t bytes = s[i] * int64_t(t.element_size());
+    if (s[i] < 0 || bytes % 16 != 0 || bytes >= (int64_t(1) << 40)) return std::nullopt;
+    inner = s[i] * t.size(i);
+  }
+  if (s[0] == 0 && s[1] == 0 && s[2] == 0) return std::nullopt;  // all 0 reads as dense
+  return Strides{s[0], s[1], s[2]};
+}
+
+// A tensor as the kernels read it: in place, with its strides, where the rung takes strides and
+// the tensor keeps their rule; else a dense copy. `negate` reads -t (a fresh tensor in t's
+// dimension order: a view of a [B, M, H, d] buffer gives a dense [B, M, H, d] one).
+struct Operand {
+  at::Tensor t;
+  Strides strides;
+};
+Operand operand(const at::Tensor& t, const RungKernels& kern, bool negate = false) {
+  const at::Tensor x = negate ? t.neg() : t;
+  if (kern.strides)
+    if (const std::optional<Strides> s = strides_of(x)) return {x, *s};
+  return {dense(x), Strides{}};
+}
+
+// The output O. For a rung that writes through strides, in the layout SDPA's flash and cuDNN
+// backends give: where q is a view of [B, M, H, d] storage (q.stride(1) < q.stride(2)), O is
+// [B, M, H, d] storage too, so that O.transpose(1, 2).reshape(B, M, H * d) is free; else dense.
+// The fake implementation (_schema.py) follows the same rule.
+at::Tensor new_out(const at::Tensor& q, const RungKernels& kern) {
+  if (kern.strides && q.stride(1) < q.stride(2))
+    return at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2);
+  return at::empty(q.sizes(), q.options());
 }
 
 float* f32_or_null(const at::Tensor& t) {
   return t.numel() > 0 ? t.data_ptr<float>() : nullptr;
+}
+
+// What a rung must have for the call's dropout and block mask, as Python exceptions naming what
+// it takes; and no dropout during a CUDA graph capture, whose replays would all repeat the
+// captured mask (the seed is a launch parameter, read on the host).
+void check_features(const RungKernels& kern, int64_t rung, double dropout_p,
+                    const std::optional<at::Tensor>& mask, int64_t block_q, int64_t block_k,
+                    cudaStream_t stream) {
+  TORCH_CHECK_NOT_IMPLEMENTED(dropout_p == 0 || kern.dropout, "ladder: rung ", rung,
+                              " has no dropout");
+  if (mask) {
+    TORCH_CHECK_NOT_IMPLEMENTED(kern.mask_block_q > 0, "ladder: rung ", rung,
+                                " has no block masks");
+    TORCH_CHECK_VALUE(block_q % kern.mask_block_q == 0 && block_k % kern.mask_block_k == 0,
+                      "ladder: rung ", rung, " takes mask blocks that are multiples of ",
+                      kern.mask_block_q, " x ", kern.mask_block_k, " (its tiles); got ", block_q,
+                      " x ", block_k);
+  }
+  if (dropout_p > 0) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    TORCH_CHECK(capture == cudaStreamCaptureStatusNone,
+                "ladder: dropout while a CUDA graph is being captured: the seed is read on the "
+                "host when the kernel is enqueued, so every replay would repeat one dropout mask. "
+                "Run dropout outside CUDA graphs (dropout_p = 0 inside them)");
+  }
+}
+
+// The kernels' lists of a [Bm, Hm, nI, nJ] bool block mask (BlockLists), made on the device with
+// torch ops, so that no call waits for the device: per mask row the number of kept blocks, and
+// their indices, ascending, first (a stable sort on "dropped" puts them there, in order).
+// by_key: the backward's lists, per key block the kept query blocks.
+struct DeviceLists {
+  at::Tensor count, index;
+  BlockLists lists;
+};
+DeviceLists block_lists(const std::optional<at::Tensor>& mask, int64_t block_q, int64_t block_k,
+                        bool by_key) {
+  DeviceLists d;
+  if (!mask) return d;
+  const at::Tensor rows = by_key ? mask->transpose(2, 3) : *mask;
+  d.count = rows.sum({-1}, false, at::kInt).contiguous();
+  d.index = at::argsort(rows.logical_not().to(at::kByte), /*stable=*/true, /*dim=*/-1)
+                .to(at::kInt)
+                .contiguous();
+  BlockLists& l = d.lists;
+  l.count = d.count.data_ptr<int32_t>(), l.index = d.index.data_ptr<int32_t>();
+  l.mask_batch = int(mask->size(0)), l.mask_heads = int(mask->size(1));
+  l.q_blocks = int(mask->size(2)), l.k_blocks = int(mask->size(3));
+  l.block_q = int(block_q), l.block_k = int(block_k);
+  return d;
 }
 
 // Calls a rung's forward or backward and turns what goes wrong into a Python exception: a CUDA
@@ -186,18 +288,22 @@ void run_rung(int64_t rung, const char* what, Call&& call) {
   C10_CUDA_CHECK(e);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q_in,
-                                                        const at::Tensor& k_in,
-                                                        const at::Tensor& v_in, bool causal,
-                                                        double scale, int64_t rung) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cuda(
+    const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, bool causal,
+    double scale, int64_t rung, double dropout_p, const std::optional<at::Tensor>& seed,
+    const std::optional<at::Tensor>& mask, int64_t mask_block_q, int64_t mask_block_k) {
   const Shape s = check_qkv(q_in, k_in, v_in);
   check_scale(scale);
+  const uint64_t dropout_seed = check_dropout(dropout_p, seed);
+  check_block_mask(mask, q_in, k_in, mask_block_q, mask_block_k);
   const RungKernels& kern = kernels_for(rung, q_in, false);
   const c10::cuda::CUDAGuard guard(q_in.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  check_features(kern, rung, dropout_p, mask, mask_block_q, mask_block_k, stream);
   const auto f32 = q_in.options().dtype(at::kFloat);
   const bool negate = kern.positive_scale && scale < 0;
-  const at::Tensor q = dense(q_in, negate), k = dense(k_in), v = dense(v_in);
-  at::Tensor o = at::empty_like(q, at::MemoryFormat::Contiguous);
+  const Operand q = operand(q_in, kern, negate), k = operand(k_in, kern), v = operand(v_in, kern);
+  at::Tensor o = new_out(q_in, kern);
   at::Tensor lse = at::empty({s.batch, s.heads, s.seq_q}, f32);
   // lse_lo: [B, H, M] for a rung that keeps LSE's rounding residual, else an empty [0].
   at::Tensor lse_lo =
@@ -208,22 +314,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q_in,
     lse_lo.zero_();
     return {o, lse, lse_lo};
   }
+  const DeviceLists lists = block_lists(mask, mask_block_q, mask_block_k, false);
   FwdArgs a{};
-  a.q = q.data_ptr(), a.k = k.data_ptr(), a.v = v.data_ptr(), a.o = o.data_ptr();
+  a.q = q.t.data_ptr(), a.k = k.t.data_ptr(), a.v = v.t.data_ptr(), a.o = o.data_ptr();
+  a.q_strides = q.strides, a.k_strides = k.strides, a.v_strides = v.strides;
+  const std::optional<Strides> o_strides = strides_of(o);  // new_out's layout keeps the rule
+  TORCH_INTERNAL_ASSERT(o_strides && (kern.strides || o.is_contiguous()), "ladder: O's layout");
+  a.o_strides = *o_strides;
   a.lse = lse.data_ptr<float>(), a.lse_lo = f32_or_null(lse_lo);
   a.batch = s.batch, a.heads = s.heads, a.heads_kv = s.heads_kv;
   a.seq_q = s.seq_q, a.seq_k = s.seq_k, a.dim = s.dim;
   a.scale = float(negate ? -scale : scale), a.causal = causal;
-  run_rung(rung, "forward", [&] { return kern.forward(a, c10::cuda::getCurrentCUDAStream()); });
+  a.dropout_p = dropout_p, a.dropout_seed = dropout_seed, a.mask = lists.lists;
+  run_rung(rung, "forward", [&] { return kern.forward(a, stream); });
   return {o, lse, lse_lo};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
     const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in,
     const at::Tensor& v_in, const at::Tensor& o_in, const at::Tensor& lse_in,
-    const at::Tensor& lse_lo_in, bool causal, double scale, int64_t rung) {
+    const at::Tensor& lse_lo_in, bool causal, double scale, int64_t rung, double dropout_p,
+    const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& mask,
+    int64_t mask_block_q, int64_t mask_block_k) {
   const Shape s = check_qkv(q_in, k_in, v_in);
   check_scale(scale);
+  const uint64_t dropout_seed = check_dropout(dropout_p, seed);
+  check_block_mask(mask, q_in, k_in, mask_block_q, mask_block_k);
   const RungKernels& kern = kernels_for(rung, q_in, true);
   TORCH_CHECK_VALUE(
       dout_in.sizes() == q_in.sizes() && o_in.sizes() == q_in.sizes() &&
@@ -242,14 +358,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
       "ladder: rung ", rung, " needs the forward's lse_lo, float32 ", c10::IntArrayRef(rows_shape),
       "; got ", lse_lo_in.sizes());
   const c10::cuda::CUDAGuard guard(q_in.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  check_features(kern, rung, dropout_p, mask, mask_block_q, mask_block_k, stream);
   const auto f32 = q_in.options().dtype(at::kFloat);
   const bool negate = kern.positive_scale && scale < 0;  // the Q the forward used
-  const at::Tensor q = dense(q_in, negate), k = dense(k_in), v = dense(v_in);
-  const at::Tensor o = dense(o_in), dout = dense(dout_in), lse = dense(lse_in);
+  const Operand q = operand(q_in, kern, negate), k = operand(k_in, kern), v = operand(v_in, kern);
+  const Operand o = operand(o_in, kern), dout = operand(dout_in, kern);
+  const at::Tensor lse = dense(lse_in);
   const at::Tensor lse_lo = kern.lse_lo ? dense(lse_lo_in) : lse_lo_in;
-  at::Tensor dq = at::empty_like(q, at::MemoryFormat::Contiguous);
-  at::Tensor dk = at::empty_like(k, at::MemoryFormat::Contiguous);
-  at::Tensor dv = at::empty_like(v, at::MemoryFormat::Contiguous);
+  at::Tensor dq = at::empty(q_in.sizes(), q_in.options());
+  at::Tensor dk = at::empty(k_in.sizes(), k_in.options());
+  at::Tensor dv = at::empty(v_in.sizes(), v_in.options());
   if (s.rows() == 0 || s.seq_k == 0) {  // no visible key anywhere: zero gradients
     dq.zero_(), dk.zero_(), dv.zero_();
     return {dq, dk, dv};
@@ -260,10 +379,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
   const int64_t pad = std::max(1, kern.bwd_row_pad);
   const std::vector<int64_t> padded_shape{s.batch, s.heads, (s.seq_q + pad - 1) / pad * pad};
   at::Tensor lse2 = at::empty(padded_shape, f32), dsum = at::empty(padded_shape, f32);
-  at::Tensor dq_acc = at::empty(q.sizes(), f32);
+  at::Tensor dq_acc = at::empty(q_in.sizes(), f32);
+  const DeviceLists lists = block_lists(mask, mask_block_q, mask_block_k, true);
   BwdArgs a{};
-  a.q = q.data_ptr(), a.k = k.data_ptr(), a.v = v.data_ptr(), a.o = o.data_ptr();
-  a.dout = dout.data_ptr(), a.lse = lse.data_ptr<float>();
+  a.q = q.t.data_ptr(), a.k = k.t.data_ptr(), a.v = v.t.data_ptr(), a.o = o.t.data_ptr();
+  a.dout = dout.t.data_ptr(), a.lse = lse.data_ptr<float>();
+  a.q_strides = q.strides, a.k_strides = k.strides, a.v_strides = v.strides;
+  a.o_strides = o.strides, a.dout_strides = dout.strides;
   a.lse_lo = kern.lse_lo ? lse_lo.data_ptr<float>() : nullptr;
   a.lse2 = lse2.data_ptr<float>(), a.dsum = dsum.data_ptr<float>();
   a.dq_acc = dq_acc.data_ptr<float>();
@@ -271,7 +393,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
   a.batch = s.batch, a.heads = s.heads, a.heads_kv = s.heads_kv;
   a.seq_q = s.seq_q, a.seq_k = s.seq_k, a.dim = s.dim;
   a.scale = float(negate ? -scale : scale), a.scale_dq = float(scale), a.causal = causal;
-  run_rung(rung, "backward", [&] { return kern.backward(a, c10::cuda::getCurrentCUDAStream()); });
+  a.dropout_p = dropout_p, a.dropout_seed = dropout_seed, a.mask = lists.lists;
+  run_rung(rung, "backward", [&] { return kern.backward(a, stream); });
   return {dq, dk, dv};
 }
 

@@ -1,11 +1,13 @@
 // Rung 05 (shared-memory FlashAttention-2 in fp32) behind the rung_api.h seam, at every head
 // dim of the step's capability table (steps/05_shared_memory_fa2/capabilities.hpp): fills the
 // kernels' parameter blocks as steps/05_shared_memory_fa2/host.cu does and enqueues them on
-// PyTorch's stream through the rung's launch_forward / launch_backward.
+// PyTorch's stream through the rung's launch_forward / launch_backward: the 'fa2' variant, the
+// one with dropout and block masks.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <iterator>
+#include <numeric>
 
 #include "05_shared_memory_fa2/capabilities.hpp"
 #include "rung_api.h"
@@ -41,7 +43,7 @@ cudaError_t allow_opt_in() {
 template <int D>
 cudaError_t forward(const FwdArgs& a, cudaStream_t stream) {
   if (cudaError_t e = allow_opt_in<&s05::forward_kernel<D>>(); e != cudaSuccess) return e;
-  s05::FwdParams p{};  // zero: dropout and block masks off
+  s05::FwdParams p{};
   p.q = static_cast<const float*>(a.q), p.k = static_cast<const float*>(a.k);
   p.v = static_cast<const float*>(a.v), p.o = static_cast<float*>(a.o);
   p.lse = a.lse, p.lse_lo = a.lse_lo;
@@ -49,7 +51,8 @@ cudaError_t forward(const FwdArgs& a, cudaStream_t stream) {
   p.seq_q = a.seq_q, p.seq_k = a.seq_k, p.Br = kBr<D>;
   p.scale = a.scale;  // signed: this rung multiplies by it as it is
   p.causal = a.causal;
-  s05::launch_forward<D>(p, stream);
+  set_features(p, a.dropout_p, a.dropout_seed, a.mask);
+  s05::launch_forward<D>(p, stream);  // the instantiation with the features the params ask for
   return cudaGetLastError();
 }
 
@@ -66,6 +69,7 @@ cudaError_t backward(const BwdArgs& a, cudaStream_t stream) {
   p.batch = a.batch, p.heads = a.heads, p.heads_kv = a.heads_kv, p.group = a.heads / a.heads_kv;
   p.seq_q = a.seq_q, p.seq_k = a.seq_k;
   p.scale = a.scale, p.causal = a.causal;
+  set_features(p, a.dropout_p, a.dropout_seed, a.mask);
   s05::launch_backward<D>(p, stream);  // D pre-pass, the K/V-tile kernel, dQ = scale dQ_acc
   return cudaGetLastError();
 }
@@ -73,11 +77,19 @@ cudaError_t backward(const BwdArgs& a, cudaStream_t stream) {
 static_assert(std::size(s05::kDTypes) == 1 && s05::kDTypes[0] == DType::f32,
               "the adaptor passes float tensors");
 
-// One entry per head dim of the step's table, registered when the library loads.
+// One entry per head dim of the step's table, registered when the library loads. The kernels
+// read dense rows; dropout and block masks are built into 'fa2', whose tiles (forward Br x Bc =
+// kBr<D> x kBc, backward kBrBwd x kBc) must each lie inside one mask block.
 const bool kRegistered = [] {
   s05::HeadDims::for_each([](auto dim) {
     constexpr int D = decltype(dim)::value;
-    register_kernels(RungKernels{5, DType::f32, D, false, true, 1, &forward<D>, &backward<D>});
+    RungKernels k;
+    k.rung = 5, k.dtype = DType::f32, k.dim = D;
+    k.lse_lo = true;  // its backward reads LSE's rounding residual
+    k.dropout = true;
+    k.mask_block_q = std::lcm(kBr<D>, s05::kBrBwd), k.mask_block_k = s05::kBc;
+    k.forward = &forward<D>, k.backward = &backward<D>;
+    register_kernels(k);
   });
   return true;
 }();

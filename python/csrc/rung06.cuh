@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <iterator>
+#include <numeric>
 #include <utility>
 
 #include "06_tensor_core_fa2/capabilities.hpp"
@@ -26,14 +27,15 @@ cudaError_t forward(const FwdArgs& a, cudaStream_t stream) {
   // The rung's own configure(): the shared-memory limit and the largest carve-out (two blocks
   // of up to 112 KiB per SM) for every instantiation launch() may pick, once per device.
   if (cudaError_t e = once_per_device(ready, k.configure); e != cudaSuccess) return e;
-  s06::FwdParams p{};  // zero: dropout and block masks off
+  s06::FwdParams p{};
   p.q = a.q, p.k = a.k, p.v = a.v, p.o = a.o, p.lse = a.lse;
   p.batch = a.batch, p.heads = a.heads, p.heads_kv = a.heads_kv, p.group = a.heads / a.heads_kv;
   p.seq_q = a.seq_q, p.seq_k = a.seq_k;
   p.scale = a.scale;  // > 0: the caller negated Q for a negative scale (positive_scale below)
   p.scale_log2 = float(double(a.scale) * 1.4426950408889634);  // log2(e)
   p.causal = a.causal;
-  k.launch(p, stream);
+  set_features(p, a.dropout_p, a.dropout_seed, a.mask);
+  k.launch(p, stream);  // the instantiation with the features the params ask for
   return cudaGetLastError();
 }
 
@@ -51,6 +53,7 @@ cudaError_t backward(const BwdArgs& a, cudaStream_t stream) {
   p.scale = a.scale, p.scale_log2 = float(double(a.scale) * 1.4426950408889634);
   p.scale_dq = a.scale_dq;  // signed: Q arrives negated when the caller's scale is negative
   p.causal = a.causal;
+  set_features(p, a.dropout_p, a.dropout_seed, a.mask);
   k.prepass(p, stream);  // D, LSE log2(e), dQ_acc = 0
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   k.main(p, stream);  // dK, dV; dQ_acc by atomics
@@ -71,13 +74,26 @@ struct Element<DType::f16> {
   using type = __half;
 };
 
+// The entry of dtype T at head dim D: the full kernel (the step's default variant), whose tiles
+// are compiled per head dim; with its features (dropout, block masks) the mask block must be a
+// multiple of the forward's tiles and of the backward's.
+template <class T, int D>
+RungKernels entry(DType dtype) {
+  const s06::FwdKernel f = s06::fwd_kernel<T, D, s06::kFwdAll>();
+  const s06::BwdKernel b = s06::bwd_kernel<T, D>();
+  RungKernels k;
+  k.rung = 6, k.dtype = dtype, k.dim = D;
+  k.positive_scale = true;  // the kernels track the row max of the raw scores
+  k.dropout = f.features;
+  if (f.features) k.mask_block_q = std::lcm(f.br, b.br), k.mask_block_k = std::lcm(f.bc, b.bc);
+  k.forward = &forward<T, D>, k.backward = &backward<T, D>;
+  return k;
+}
+
 // Every dtype of the step at head dim D.
 template <int D, size_t... T>
 void register_dim(std::index_sequence<T...>) {
-  (register_kernels(RungKernels{6, s06::kDTypes[T], D, true, false, 1,
-                                &forward<typename Element<s06::kDTypes[T]>::type, D>,
-                                &backward<typename Element<s06::kDTypes[T]>::type, D>}),
-   ...);
+  (register_kernels(entry<typename Element<s06::kDTypes[T]>::type, D>(s06::kDTypes[T])), ...);
 }
 
 // The head dims the extension holds are the backward's (d = 256, forward only in the rung, is

@@ -8,13 +8,15 @@
 // is host work (cudaGetDeviceProperties, tensor-map encoding, kernel attributes) and, for the
 // persistent kernels, a memset of the work counter and a device-wide synchronisation: far too
 // much for every call, and impossible during a CUDA graph capture. So the adaptor makes one
-// plan per *shape* (device, extents, dtype, scale, causal, direction) and, for each call, copies
-// it and points it at the call's buffers: the pointers in its parameters, and the address field
-// of each tensor map by the driver's cuTensorMapReplaceAddress (a host-side edit of the 128-byte
-// map; shape, strides and box stay what make_plan encoded). The maps' order is the header's:
-// forward Q, K, V; backward Q, K, V, dO, dQ_acc. A call needs no synchronisation once its shape
-// has been seen, whatever its addresses, so a training loop or a graph capture whose buffers
-// move never stalls; only a shape seen first during a capture raises (run it once before).
+// plan per *shape* (device, extents, strides, dtype, scale, causal, direction, and whether
+// dropout or a block mask runs) and, for each call, copies it and points it at the call's
+// buffers and features: the pointers, dropout seed and mask lists in its parameters, and the
+// address field of each tensor map by the driver's cuTensorMapReplaceAddress (a host-side edit
+// of the 128-byte map; shape, strides and box stay what make_plan encoded). The maps' order is
+// the header's: forward Q, K, V; backward Q, K, V, dO, dQ_acc. A call needs no synchronisation
+// once its shape has been seen, whatever its addresses, so a training loop or a graph capture
+// whose buffers move never stalls; only a shape seen first during a capture raises (run it
+// once before).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -151,31 +153,71 @@ void ready_to_plan(cudaStream_t stream) {
     throw std::runtime_error(std::string("cudaStreamSynchronize: ") + cudaGetErrorString(e));
 }
 
-// The shape part of a plan: everything but the addresses.
-using ShapeKey = std::array<uint64_t, 11>;
+// The shape part of a plan: everything make_plan encodes or checks but the addresses. The
+// strides are in it (a tensor map encodes them), and so are the features' shape (dropout or a
+// block mask runs other kernels, with other tiles; the mask's block and sharing are checked
+// there); the dropout rate and seed and the mask's lists are the call's, like its pointers.
+using ShapeKey = std::array<int64_t, 32>;
 
-ShapeKey shape_key(int dev, int batch, int heads, int heads_kv, int seq_q, int seq_k, int dim,
-                   bool bf16, float scale, bool causal, bool negate_dq) {
-  return {uint64_t(dev),         uint64_t(batch),  uint64_t(heads),    uint64_t(heads_kv),
-          uint64_t(seq_q),       uint64_t(seq_k),  uint64_t(dim),      uint64_t(bf16),
-          uint64_t(word(scale)), uint64_t(causal), uint64_t(negate_dq)};
+struct KeyBuilder {
+  ShapeKey key{};
+  size_t n = 0;
+  KeyBuilder& operator<<(int64_t x) {
+    if (n == key.size()) throw std::logic_error("rung 7's plan key is too short");
+    key[n++] = x;
+    return *this;
+  }
+  KeyBuilder& operator<<(const fa3::Strides& s) { return *this << s.batch << s.head << s.row; }
+};
+
+template <class Params>
+KeyBuilder shape_key(int dev, const Params& p, float scale, bool extras) {
+  KeyBuilder k;
+  k << dev << p.batch << p.heads << p.heads_kv << p.seq_q << p.seq_k << p.dim << p.bf16
+    << int64_t(word(scale)) << p.causal << extras << p.block_m << p.block_n << p.mask_batch
+    << p.mask_heads;
+  return k;
+}
+
+fa3::Strides strides(const Strides& s) {
+  fa3::Strides t;
+  t.batch = s.batch, t.head = s.head, t.row = s.row;
+  return t;
+}
+
+// The fields the step's FwdParams and BwdParams share, from the seam's FwdArgs or BwdArgs: Q, K,
+// V and their strides, the shape, dtype, scale, causal mask, dropout (float rate, as step 07's
+// host.cu passes it) and the block mask's block and sharing.
+template <class Params, class Args>
+void set_common(Params& p, const Args& a, bool bf16) {
+  p.q = a.q, p.k = a.k, p.v = a.v;
+  p.q_strides = strides(a.q_strides), p.k_strides = strides(a.k_strides);
+  p.v_strides = strides(a.v_strides), p.o_strides = strides(a.o_strides);
+  p.batch = a.batch, p.heads = a.heads, p.heads_kv = a.heads_kv;
+  p.seq_q = a.seq_q, p.seq_k = a.seq_k, p.dim = a.dim;
+  p.bf16 = bf16;
+  p.scale = a.scale;  // > 0: the caller negated Q for a negative scale (positive_scale below)
+  p.causal = a.causal;
+  p.dropout_p = float(a.dropout_p), p.dropout_seed = a.dropout_seed;
+  if (a.mask.count != nullptr) {
+    p.block_m = a.mask.block_q, p.block_n = a.mask.block_k;
+    p.mask_batch = a.mask.mask_batch, p.mask_heads = a.mask.mask_heads;
+  }
 }
 
 cudaError_t forward(const FwdArgs& a, cudaStream_t stream, bool bf16) {
   static PlanCache<ShapeKey, fa3::FwdPlan> cache;
   int dev = 0;
   if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-  fa3::FwdParams f;  // dropout and block masks stay off (their defaults)
-  f.q = a.q, f.k = a.k, f.v = a.v, f.o = a.o, f.lse = a.lse;
-  f.batch = a.batch, f.heads = a.heads, f.heads_kv = a.heads_kv;
-  f.seq_q = a.seq_q, f.seq_k = a.seq_k, f.dim = a.dim;
-  f.bf16 = bf16;
-  f.scale = a.scale;  // > 0: the caller negated Q for a negative scale (positive_scale below)
-  f.causal = a.causal;
+  fa3::FwdParams f;
+  set_common(f, a, bf16);
+  f.o = a.o, f.lse = a.lse;
+  f.kv_count = a.mask.count, f.kv_index = a.mask.index;  // null: no block mask
   f.tile_counter = tile_counter(dev, stream);
-  const ShapeKey key = shape_key(dev, f.batch, f.heads, f.heads_kv, f.seq_q, f.seq_k, f.dim, f.bf16,
-                                 f.scale, f.causal, false);
-  fa3::FwdPlan plan = cache.get(key, [&] {
+  const bool extras = f.dropout_p > 0.f || f.kv_count != nullptr;
+  KeyBuilder key = shape_key(dev, f, f.scale, extras);
+  key << f.q_strides << f.k_strides << f.v_strides << f.o_strides;
+  fa3::FwdPlan plan = cache.get(key.key, [&] {
     ready_to_plan(stream);
     return fa3::make_plan(f, kVariant);
   });
@@ -185,7 +227,7 @@ cudaError_t forward(const FwdArgs& a, cudaStream_t stream, bool bf16) {
     repoint(plan.tensor_maps[2], f.v);
   }
   g_calls.fetch_add(1, std::memory_order_relaxed);
-  plan.params = f;            // the call's buffers and counter; the shape is the key's
+  plan.params = f;            // the call's buffers, features and counter; the shape is the key's
   fa3::launch(plan, stream);  // throws on a refused launch
   return cudaSuccess;
 }
@@ -195,18 +237,17 @@ cudaError_t backward(const BwdArgs& a, cudaStream_t stream, bool bf16) {
   int dev = 0;
   if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
   fa3::BwdParams b;
-  b.q = a.q, b.k = a.k, b.v = a.v, b.o = a.o, b.dout = a.dout, b.lse = a.lse;
+  set_common(b, a, bf16);  // the forward's scale, with the Q it was given
+  b.o = a.o, b.dout = a.dout, b.lse = a.lse;
+  b.dout_strides = strides(a.dout_strides);
   b.dq = a.dq, b.dk = a.dk, b.dv = a.dv;
   b.dq_acc = a.dq_acc, b.lse2 = a.lse2, b.dsum = a.dsum;
-  b.batch = a.batch, b.heads = a.heads, b.heads_kv = a.heads_kv;
-  b.seq_q = a.seq_q, b.seq_k = a.seq_k, b.dim = a.dim;
-  b.bf16 = bf16;
-  b.scale = a.scale;  // the forward's (positive, with the Q it was given)
-  b.causal = a.causal;
   b.negate_dq = a.scale_dq < 0;  // Q arrives negated: dQ for the caller's Q is the negation
-  const ShapeKey key = shape_key(dev, b.batch, b.heads, b.heads_kv, b.seq_q, b.seq_k, b.dim, b.bf16,
-                                 b.scale, b.causal, b.negate_dq);
-  fa3::BwdPlan plan = cache.get(key, [&] {
+  b.q_count = a.mask.count, b.q_index = a.mask.index;  // null: no block mask
+  const bool extras = b.dropout_p > 0.f || b.q_count != nullptr;
+  KeyBuilder key = shape_key(dev, b, b.scale, extras);
+  key << b.negate_dq << b.q_strides << b.k_strides << b.v_strides << b.o_strides << b.dout_strides;
+  fa3::BwdPlan plan = cache.get(key.key, [&] {
     // The caller sized lse2 and dsum by bwd_row_pad (below); the step says what it reads.
     const int rows = (b.seq_q + fa3::kBwdRowPad - 1) / fa3::kBwdRowPad * fa3::kBwdRowPad;
     if (fa3::bwd_workspace(b).rows_padded != rows)
@@ -238,18 +279,24 @@ cudaError_t backward_as(const BwdArgs& a, cudaStream_t stream) {
   return backward(a, stream, kBf16);
 }
 
+// Mask blocks: multiples of 128 x 128, make_plan's rule (the kernels with dropout or a block
+// mask run Br = Bc = 128; the backward's Br, 64 or 128, divides it).
+constexpr int kMaskBlock = 128;
+
 // One entry per (dtype, d) of the step's capability table: the step picks the instantiation
 // from the parameters at run time.
 RungKernels entry(DType dtype, int dim) {
   const bool bf16 = dtype == DType::bf16;
-  return RungKernels{7,
-                     dtype,
-                     dim,
-                     true,  // the kernels track the row max of the raw scores: scale > 0
-                     false,
-                     fa3::kBwdRowPad,
-                     bf16 ? &forward_as<true> : &forward_as<false>,
-                     bf16 ? &backward_as<true> : &backward_as<false>};
+  RungKernels k;
+  k.rung = 7, k.dtype = dtype, k.dim = dim;
+  k.positive_scale = true;  // the kernels track the row max of the raw scores: scale > 0
+  k.bwd_row_pad = fa3::kBwdRowPad;
+  k.strides = true;  // 4-D tensor maps: Q, K, V, O and dO read and written through Strides
+  k.dropout = fa3::is_persistent(kVariant);  // the persistent kernels have the features
+  if (k.dropout) k.mask_block_q = k.mask_block_k = kMaskBlock;
+  k.forward = bf16 ? &forward_as<true> : &forward_as<false>;
+  k.backward = bf16 ? &backward_as<true> : &backward_as<false>;
+  return k;
 }
 
 const bool kRegistered = [] {

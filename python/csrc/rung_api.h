@@ -19,8 +19,28 @@ namespace ladder_torch {
 // The ladder's element types (common/dtype.hpp): a rung registers f32, f16 or bf16.
 using DType = ladder::DType;
 
-// One forward call. Pointers are to contiguous tensors in the contract's layout:
-// q, o [B, H, M, d]; k, v [B, Hkv, N, d]; lse, lse_lo [B, H, M] fp32.
+// Where element (b, h, r, x) of a [B, H, rows, d] tensor sits: at b * batch + h * head + r * row
+// + x elements from its pointer, the head dim contiguous. All three 0: the dense row-major
+// layout, the only one a rung without RungKernels::strides is given.
+struct Strides {
+  int64_t batch = 0, head = 0, row = 0;
+};
+
+// A block mask as the kernels read it (docs/CONTRACT.md, "Block-sparse masks"; the lists of
+// common/block_mask.hpp): mask row r keeps count[r] blocks, ascending, at index[r * entries ...].
+// The forward's rows are (mask batch, mask head, query block) and list key blocks (entries =
+// k_blocks); the backward's are (mask batch, mask head, key block) and list query blocks
+// (entries = q_blocks). count null: no block mask.
+struct BlockLists {
+  const int32_t* count = nullptr;
+  const int32_t* index = nullptr;
+  int mask_batch = 1, mask_heads = 1;  // 1: one mask row shared by every batch / query head
+  int q_blocks = 0, k_blocks = 0;      // ceil(M / block_q), ceil(N / block_k)
+  int block_q = 128, block_k = 128;    // the mask block: block_q queries x block_k keys
+};
+
+// One forward call. q, o [B, H, M, d]; k, v [B, Hkv, N, d] with the strides given (all dense for
+// a rung without RungKernels::strides); lse, lse_lo dense [B, H, M] fp32.
 struct FwdArgs {
   const void* q;
   const void* k;
@@ -28,15 +48,21 @@ struct FwdArgs {
   void* o;
   float* lse;
   float* lse_lo;  // the LSE's rounding residual, for rungs that keep one (else null)
+  Strides q_strides, k_strides, v_strides, o_strides;
   int batch, heads, heads_kv, seq_q, seq_k, dim;
   float scale;  // what the kernel multiplies Q K^T by: |scale| when the rung needs scale > 0
   bool causal;
+  // Dropout at rate dropout_p (0: none), Z from Philox4x32-10 keyed by the seed and (b, h, i, j),
+  // as docs/CONTRACT.md maps it: the same Z on every rung.
+  double dropout_p;
+  uint64_t dropout_seed;
+  BlockLists mask;  // the forward's lists (per query block, the kept key blocks)
 };
 
-// One backward call: the forward's q (negated when it was), k, v, o, lse, lse_lo, and dO in;
-// dq, dk, dv out; fp32 workspaces lse2, dsum [B, H, M'] and dq_acc [B, H, M, d], which the
-// caller allocates and the kernels initialise themselves (M' = M rounded up to the rung's
-// bwd_row_pad).
+// One backward call: the forward's q (negated when it was), k, v, o, lse, lse_lo, and dO in,
+// with their strides; dq, dk, dv out (dense); fp32 workspaces lse2, dsum [B, H, M'] and dq_acc
+// [B, H, M, d], which the caller allocates and the kernels initialise themselves (M' = M rounded
+// up to the rung's bwd_row_pad). Dropout's rate and seed are the forward's.
 struct BwdArgs {
   const void* q;
   const void* k;
@@ -51,26 +77,49 @@ struct BwdArgs {
   void* dq;
   void* dk;
   void* dv;
+  Strides q_strides, k_strides, v_strides, o_strides, dout_strides;
   int batch, heads, heads_kv, seq_q, seq_k, dim;
   float scale;     // as in FwdArgs
   float scale_dq;  // the caller's signed scale: dQ = scale_dq dS K for the caller's Q
   bool causal;
+  double dropout_p;
+  uint64_t dropout_seed;
+  BlockLists mask;  // the backward's lists (per key block, the kept query blocks)
 };
 
-// One compiled instantiation of a rung. Both functions enqueue on `stream` and return the
-// first CUDA error (a refused attribute or launch), cudaSuccess otherwise; a rung whose host
-// API reports errors by exception (rung 07) may throw std::exception, which the operator turns
-// into a Python error with its message.
+// One compiled instantiation of a rung, and what it takes beyond the dtype and head dim (filled
+// by the adaptor from the step's own tables and kernel constants; the Python checks read these).
+// Both functions enqueue on `stream` and return the first CUDA error (a refused attribute or
+// launch), cudaSuccess otherwise; a rung whose host API reports errors by exception (rung 07)
+// may throw std::exception, which the operator turns into a Python error with its message.
 struct RungKernels {
-  int rung;
-  DType dtype;
-  int dim;
-  bool positive_scale;  // the kernel needs scale > 0: the caller negates Q for a negative one
-  bool lse_lo;          // the forward writes lse_lo and the backward reads it
-  int bwd_row_pad;      // lse2 and dsum rows: seq_q rounded up to a multiple of this (1: none)
-  cudaError_t (*forward)(const FwdArgs&, cudaStream_t);
-  cudaError_t (*backward)(const BwdArgs&, cudaStream_t);  // null: forward only
+  int rung = 0;
+  DType dtype = DType::f32;
+  int dim = 0;
+  bool positive_scale =
+      false;             // the kernel needs scale > 0: the caller negates Q for a negative one
+  bool lse_lo = false;   // the forward writes lse_lo and the backward reads it
+  int bwd_row_pad = 1;   // lse2 and dsum rows: seq_q rounded up to a multiple of this
+  bool strides = false;  // reads q, k, v, o, dO through Strides (each a multiple of 8 elements)
+  bool dropout = false;  // FwdArgs::dropout_p > 0 runs (forward and backward)
+  // Block masks whose blocks are multiples of mask_block_q x mask_block_k (the tiles of both
+  // passes must each lie inside one mask block); 0: no block masks.
+  int mask_block_q = 0, mask_block_k = 0;
+  cudaError_t (*forward)(const FwdArgs&, cudaStream_t) = nullptr;
+  cudaError_t (*backward)(const BwdArgs&, cudaStream_t) = nullptr;  // null: forward only
 };
+
+// The features' fields of the parameter blocks of rungs 05 and 06, which name them alike (and as
+// common/gpu_run.cuh's set_problem and set_block_mask fill them in the steps' own hosts).
+template <class Params>
+void set_features(Params& p, double dropout_p, uint64_t dropout_seed, const BlockLists& m) {
+  p.dropout_p = dropout_p, p.dropout_seed = dropout_seed;
+  if (m.count == nullptr) return;
+  p.blk_count = m.count, p.blk_index = m.index;
+  p.mask_batch = m.mask_batch, p.mask_heads = m.mask_heads;
+  p.mask_q_blocks = m.q_blocks, p.mask_k_blocks = m.k_blocks;
+  p.mask_block_q = m.block_q, p.mask_block_k = m.block_k;
+}
 
 // The registry (ops_cuda.cpp). Adaptors fill it from static initialisers, one Registrar per
 // file; find_kernels returns null for an instantiation that was not built.

@@ -1,7 +1,8 @@
 """The package as a user meets it, on the CPU (rung 0, the float64 oracle): the installed
 import, attention() in SDPA's shape, the modules, views, autocast, torch.compile(fullgraph=True)
 of a layer, and a tiny model trained a few steps with rung 0 and with SDPA, both in float64,
-whose losses must agree to rounding: a gradient bug would separate them at once."""
+whose losses must agree to rounding: a gradient bug would separate them at once. Dropout, block
+masks and strided inputs: test_features.py."""
 
 import math
 import os
@@ -61,12 +62,10 @@ def test_attention_mirrors_sdpa_and_picks_rung0_on_the_cpu():
     "kwargs,error,words",
     [
         (dict(attn_mask=torch.ones(9, 9, dtype=torch.bool)), NotImplementedError, "attn_mask"),
-        (dict(dropout_p=0.1), NotImplementedError, "dropout"),
-        (dict(block_mask=object()), NotImplementedError, "block_mask"),
         (dict(is_causal=True, causal=False), ValueError, "contradict"),
         (dict(enable_gqa=False), ValueError, "enable_gqa"),
     ],
-    ids=["attn_mask", "dropout", "block_mask", "causal-contradiction", "gqa-off"],
+    ids=["attn_mask", "causal-contradiction", "gqa-off"],
 )
 def test_what_the_operator_does_not_take_is_refused_by_name(kwargs, error, words):
     q, k, v, _ = ref.inputs(1, 4, 2, 9, 9, 8, torch.float64, "cpu")
@@ -175,8 +174,8 @@ class _Sdpa:
 
     def __enter__(self):
         self.saved = ladder_torch.nn.attention
-        ladder_torch.nn.attention = lambda q, k, v, causal, rung: F.scaled_dot_product_attention(
-            q, k, v, is_causal=causal
+        ladder_torch.nn.attention = lambda q, k, v, causal, rung, dropout_p: (
+            F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout_p)
         )
 
     def __exit__(self, *exc):

@@ -2,6 +2,7 @@
 
     import ladder_torch
     out = ladder_torch.attention(q, k, v, causal=True, rung=7)  # q, k, v: [B, H, N, d] as SDPA's
+    out = ladder_torch.attention(q, k, v, dropout_p=0.1, block_mask=blocks, mask_block=128)
     layer = ladder_torch.ScaledDotProductAttention(causal=True)  # a module in its place
 
 attention() mirrors torch.nn.functional.scaled_dot_product_attention; describe(rung) and

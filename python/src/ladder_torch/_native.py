@@ -13,6 +13,7 @@ neither can bind the other's calls to its own copies of shared template code.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 
@@ -32,6 +33,20 @@ _lock = threading.Lock()
 _loaded: dict[str, Path] = {}  # kind -> library file
 _failed: dict[str, str] = {}  # kind -> why (not retried within a process)
 _caps: dict[int, dict[torch.dtype, dict[int, bool]]] = {}  # rung -> dtype -> dim -> backward
+
+
+@dataclasses.dataclass(frozen=True)
+class Features:
+    """What one compiled instantiation takes beyond its dtype and head dim (its library's
+    registry: the adaptor fills it from the step's tables)."""
+
+    backward: bool
+    strides: bool  # reads strided q, k, v, out, dO in place (else the operator copies them)
+    dropout: bool
+    mask_block: tuple[int, int] | None  # block masks of multiples of these; None: no block masks
+
+
+_features: dict[int, dict[torch.dtype, dict[int, Features]]] = {}  # rung -> dtype -> dim -> ...
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
 _DTYPES.update(float16=torch.float16, bfloat16=torch.bfloat16)
@@ -59,9 +74,13 @@ def _why_missing(kind: str) -> str:
 def _read_capabilities(kind: str) -> None:
     text = getattr(torch.ops.ladder, f"{kind}_capabilities")()
     for line in text.splitlines():
-        number, dtype, dim, backward, _lse_lo = line.split()
-        by_dim = _caps.setdefault(int(number), {}).setdefault(_DTYPES[dtype], {})
-        by_dim[int(dim)] = backward == "1"
+        number, dtype, dim, backward, _lse_lo, strides, dropout, block_q, block_k = line.split()
+        rung, dim, dtype = int(number), int(dim), _DTYPES[dtype]
+        _caps.setdefault(rung, {}).setdefault(dtype, {})[dim] = backward == "1"
+        mask_block = (int(block_q), int(block_k)) if int(block_q) > 0 else None
+        _features.setdefault(rung, {}).setdefault(dtype, {})[dim] = Features(
+            backward == "1", strides == "1", dropout == "1", mask_block
+        )
 
 
 def load(kind: str) -> Path:
@@ -103,6 +122,13 @@ def capabilities(number: int) -> dict[torch.dtype, dict[int, bool]]:
     """What the loaded libraries hold for rung `number`: dtype -> head dim (0: any) -> whether
     it has a backward. Empty when the rung's library is not loaded."""
     return _caps.get(number, {})
+
+
+def features(number: int, dtype: torch.dtype, dim: int) -> Features | None:
+    """What rung `number` takes at (dtype, head dim), or None where it has no such instantiation
+    (or its library is not loaded)."""
+    dims = _features.get(number, {}).get(dtype, {})
+    return dims.get(dim, dims.get(0))
 
 
 def why_unavailable(kind: str) -> str | None:

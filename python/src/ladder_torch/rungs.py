@@ -1,10 +1,12 @@
 """The rungs PyTorch can call, and how each is built: one row per rung.
 
 A row says where the rung runs and how its library is compiled (its adaptor sources under
-python/csrc, its kernel headers or kernel files, the GPU architecture). What a rung *takes*
-(dtypes, head dims, which have a backward) is not here: the compiled libraries report the
-instantiations they hold (torch.ops.ladder.cpu_capabilities / cuda_capabilities, read by
-_native.capabilities()), and the checks read that, so there is no second list to keep in step.
+python/csrc, its kernel headers or kernel files, the GPU architecture), and the two facts the
+fake implementation needs without a library (lse_lo, strides). What a rung *takes* (dtypes, head
+dims, which have a backward, strided tensors, dropout, mask blocks) is not here: the compiled
+libraries report the instantiations they hold (torch.ops.ladder.cpu_capabilities /
+cuda_capabilities, read by _native.capabilities() and _native.features()), and the checks read
+that, so there is no second list to keep in step.
 
 Plain data with no torch import: setup.py reads this file to know what to compile.
 """
@@ -27,6 +29,10 @@ class Rung:
     # Keeps LSE's rounding residual for its backward: the operator's third output is then
     # [B, H, M] instead of an empty [0] (the fake implementation needs to know without running).
     lse_lo: bool = False
+    # Writes O through strides: the operator's O then follows q's layout (SDPA's flash rule,
+    # _schema.out_like), which the fake implementation needs to know without running. The
+    # library's registry says the same (its `strides` column; test_build.py holds them equal).
+    strides: bool = False
     arch: str = "sm_90"  # the CUDA target its kernels need; sm_90a for wgmma and TMA
 
 
@@ -60,6 +66,7 @@ RUNGS: dict[int, Rung] = {
                 "steps/07_wgmma_tma_fa3/wgmma_tma_fa3.cu",
                 "steps/07_wgmma_tma_fa3/wgmma_tma_fa3_backward.cu",
             ),
+            strides=True,
             arch="sm_90a",  # wgmma, TMA and setmaxnreg: the whole library is then sm_90a
         ),
     )
