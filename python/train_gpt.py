@@ -52,10 +52,11 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
-        # One copy into [3, B, H, T, d] for either attention: q, k, v are then contiguous
-        # [B, H, T, d] slices, the layout both take without further copies.
+        # q, k, v as views of the projection ([B, T, 3, H, d] seen as [B, H, T, d]), as a model
+        # hands them to SDPA: SDPA and rung 07 read them in place and return O in [B, T, H, d]
+        # storage (the reshape below is then free); rung 06 copies them.
         qkv = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.contiguous().unbind(0)
+        q, k, v = qkv.unbind(0)
         if self.attn == "sdpa-f64":
             y = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
             y = y.to(q.dtype)
