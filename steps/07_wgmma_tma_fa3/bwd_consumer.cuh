@@ -11,9 +11,7 @@
 namespace ladder::fa3 {
 namespace {
 
-// ---- the consumer's products -----------------------------------------------------------------
-// S^T = K_w Q_i^T and dP^T = V_w dO_i^T (A = this warpgroup's 64 keys of the [Bc][D] tile), and
-// dV_w += P^T dO_i, dK_w += dS^T Q_i (A from registers) are fa3.cuh's issue_abt and issue_rs.
+// ---- the consumer's products (S^T, dP^T, dV, dK: fa3.cuh's issue_abt and issue_rs) ----------
 
 // acc (64 x 64) = dS K_j: A = dS (64 queries x Bc keys) read MN-major from the dS^T buffer
 // ([key][64 queries] rows: k-step kk = keys 16kk.., 2048 bytes further), B = K_j (Bc keys x
@@ -94,8 +92,7 @@ __device__ __forceinline__ void atomic_dq(float* plane, int row0, int col0, int 
 }
 
 // The steps of consumer warpgroup w's loop, on consumer()'s registers and constants (held by
-// reference, as a lambda would hold them): dQ out, dropout's keep bits, P^T, dS^T, and the
-// final store of dK and dV.
+// reference): dQ out, dropout's keep bits, P^T, dS^T, and the final store of dK and dV.
 template <class T, int D, bool kDqTma, bool kExtras>
 struct BwdSteps {
   using C = Cfg<D>;
@@ -155,10 +152,10 @@ struct BwdSteps {
   // diagonal or the end of the keys pay for the test). L = +inf for a query with no visible key,
   // and for the padding rows past seq_q (whose Q, dO are zero-filled): P = 0 there. Each 16
   // queries (k-step kk: n8 blocks 2kk, 2kk + 1) are rounded to T and packed into the A fragment
-  // pf[kk] at once (columns 16kk.. are accumulators 8kk..8kk+7, in A-fragment order already,
-  // hopper.cuh), so the fp32 S^T dies early and leaves its registers to dP^T. Register q of
-  // pf[kk] holds key row q & 1, queries 8cc + 2t (low half) and + 1 (high half), cc = 2kk +
-  // (q >> 1). dS uses this rounded P (as step 06 does): the error is that of rounding dS itself.
+  // pf[kk] at once (as the forward's convert_p), so the fp32 S^T dies early and leaves its
+  // registers to dP^T. Register q of pf[kk] holds key row q & 1, queries 8cc + 2t (low half) and
+  // + 1 (high half), cc = 2kk + (q >> 1). dS uses this rounded P (as step 06 does): the error is
+  // that of rounding dS itself.
   __device__ __forceinline__ void exp_p(float (&s)[kBr / 2], uint32_t (&pf)[kBr / 16][4], int i0,
                                         int st) {
     const bool need_mask = c.j0 + kBc > N || (p.score.causal && c.j0 + kBc - 1 > i0 + N - M);
@@ -190,8 +187,9 @@ struct BwdSteps {
     }
   }
 
-  // dS^T = P^T o (dP^T - D) of the item in stage st, packed into sf like P; with dropout also
-  // P^T o Z in pf (see the loop).
+  // dS^T = P^T o (dP^T - D) of the item in stage st, packed into sf like P. Dropout: dP^T o Z /
+  // (1 - p) in dS (which takes the undropped P), and P^T o Z in pf for dV (1 / (1 - p) applied
+  // to dV once, at the end). Without dropout every bit is kept and drop_rescale is 1.
   __device__ __forceinline__ void make_ds(uint32_t (&sf)[kBr / 16][4], const float (&dp)[kBr / 2],
                                           uint32_t (&pf)[kBr / 16][4], int st) {
     const float* dst = s_d + st * kBr;
@@ -305,10 +303,7 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
       const uint32_t q_tile = base + C::kQ + st * C::kQBytes;
       const uint32_t do_tile = base + C::kDO + st * C::kQBytes;
 
-      // dP^T_x done (carried over the loop edge): dS^T = P^T o (dP^T - D), packed into sf like
-      // P. Dropout: dP^T o Z / (1 - p) in dS (which takes the undropped P), and P^T o Z in pf
-      // for dV (1 / (1 - p) applied to dV once, at the end). Without dropout every bit is
-      // kept and drop_rescale is 1: one code path.
+      // dP^T_x done (carried over the loop edge): dS^T, and P^T o Z with dropout.
       wgmma_wait<0>();
       reg_fence(dp);
       reg_fence(pf);
@@ -326,6 +321,9 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
       wgmma_commit();
 
       // dS^T to shared memory for dQ; both warpgroups' halves must be there before dQ starts.
+      // Double-buffered: a warpgroup writes buffer x % 2 only after passing the barrier of item
+      // x - 1, which the other warpgroup reaches only after its own dQ of item x - 2 (that
+      // buffer's last reader) has completed.
       unsigned char* ds_buf = c.smem + C::kDS + (x & 1) * C::kDSBytes;
       store_ds_t<kBr>(ds_buf, sf, row0, g, t);
       fence_proxy_async_shared();

@@ -25,7 +25,7 @@ constexpr int kDqBoxBytes = 64 * 32 * 4, kDqWgBytes = 2 * kDqBoxBytes;
 
 template <int D>
 struct Cfg {
-  // Br: the registers decide (see the top of the file): S^T and dP^T are Br / 2 fp32 each.
+  // Br: the registers decide (wgmma_tma_fa3_backward.cu): S^T and dP^T are Br / 2 fp32 each.
   static constexpr int kBr = D == 64 ? 128 : 64;
   static constexpr int kQBytes = kBr * D * 2;     // one stage of Q (or dO): d / 64 column halves
   static constexpr int kKVBytes = kBc * D * 2;    // K or V
@@ -45,7 +45,7 @@ struct Cfg {
   static_assert(kDynamic <= 227 * 1024, "more shared memory than an H100 block can have");
 };
 
-// The mbarriers (static shared memory), in the forward's style: one struct, named members.
+// The mbarriers (static shared memory).
 struct Bars {
   uint64_t kv;           // K_j and V_j landed (1 arrival + bytes)
   uint64_t full_q[2];    // Q_i and L_i of a stage landed

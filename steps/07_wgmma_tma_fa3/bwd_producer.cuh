@@ -45,20 +45,17 @@ __device__ __forceinline__ void producer(unsigned char* smem, const CUtensorMap*
     walk.next(p);
     q.acquire(x);  // (dO's ring shares the empty barriers)
     g_items[x % kItemSlots] = ItemInfo{h, i0, walk.valid(p) ? 0 : 1, 0};
-    uint64_t* fq = q.full_bar(x);
-    mbar_arrive_expect_tx(fq, C::kQBytes + kBr * 4);
+    // A tile (Q_i or dO_i) at byte offset `tile` and its Br floats (L_i or D_i) at `row`.
+    auto load = [&](uint64_t* full, const CUtensorMap* tm, int tile, int row, const float* rows) {
+      mbar_arrive_expect_tx(full, C::kQBytes + kBr * 4);
 #pragma unroll
-    for (int hf = 0; hf < D / 64; ++hf)
-      tma_load_4d(smem + C::kQ + st * C::kQBytes + hf * kBr * kRowBytes, tm_q, fq, hf * 64, i0, h,
-                  int(blockIdx.z));
-    bulk_load(smem + C::kL + st * kBr * 4, p.lse2 + size_t(bh) * p.m_pad + i0, kBr * 4, fq);
-    uint64_t* fd = dO.full_bar(x);
-    mbar_arrive_expect_tx(fd, C::kQBytes + kBr * 4);
-#pragma unroll
-    for (int hf = 0; hf < D / 64; ++hf)
-      tma_load_4d(smem + C::kDO + st * C::kQBytes + hf * kBr * kRowBytes, tm_do, fd, hf * 64, i0, h,
-                  int(blockIdx.z));
-    bulk_load(smem + C::kDsum + st * kBr * 4, p.dsum + size_t(bh) * p.m_pad + i0, kBr * 4, fd);
+      for (int hf = 0; hf < D / 64; ++hf)
+        tma_load_4d(smem + tile + st * C::kQBytes + hf * kBr * kRowBytes, tm, full, hf * 64, i0, h,
+                    int(blockIdx.z));
+      bulk_load(smem + row + st * kBr * 4, rows + size_t(bh) * p.m_pad + i0, kBr * 4, full);
+    };
+    load(q.full_bar(x), tm_q, C::kQ, C::kL, p.lse2);
+    load(dO.full_bar(x), tm_do, C::kDO, C::kDsum, p.dsum);
     if (!walk.valid(p)) break;
   }
 }

@@ -15,11 +15,12 @@ namespace ladder::fa3 {
 namespace {
 
 using namespace ladder::hopper;
-using bf16 = __nv_bfloat16;
-using fp16 = __half;
 
 constexpr int kBc = 128;  // keys per K/V tile
 constexpr int kWGThreads = 128;
+// A tile in shared memory is d / 64 "column halves" of [rows][64] 16-bit elements, each on a
+// 1024-byte boundary, its rows of 128 bytes in the TMA's 128-byte swizzle (16-byte chunk c of
+// row r at chunk c ^ (r mod 8)): what the TMA writes and the wgmma descriptors read (hopper.cuh).
 constexpr int kRowBytes = 128;  // one swizzled row: 64 16-bit elements (or 32 floats)
 
 // Register split of the warp-specialised kernels (setmaxnreg): the producer keeps 24, the
@@ -59,8 +60,7 @@ inline ScoreParams score_params(float scale, bool causal, float dropout_p, uint6
   return s;
 }
 
-// 128-byte swizzled tiles must start on 1024-byte boundaries: the dynamic shared memory's base,
-// rounded up (kDynamic has the 1024 bytes of slack).
+// The dynamic shared memory's base, rounded up to 1024 bytes (kDynamic has the slack).
 __device__ __forceinline__ unsigned char* align_1024(unsigned char* raw) {
   return raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
 }

@@ -11,18 +11,6 @@ namespace {
 
 // ---- the consumer's pieces --------------------------------------------------------------
 
-// The two GEMMs of a tile are fa3.cuh's: S = Q_c K^T for this warpgroup's 64 rows (issue_abt),
-// and O += P V over the Bc keys, V read N-major (issue_rs, fenced and committed here).
-template <class T, int D>
-__device__ __forceinline__ void issue_pv(float (&o)[D / 2], uint32_t (&p)[kBc / 16][4],
-                                         uint32_t v_addr) {
-  reg_fence(o);
-  reg_fence(p);
-  wgmma_fence();
-  issue_rs<T, D, kBc>(o, p, v_addr);
-  wgmma_commit();
-}
-
 // The thread's place in the softmax: rows row0 and row0 + 8 of the tile (query rows
 // i0 + row0, + 8); columns 2t, 2t+1 of every n8 block.
 struct RowInfo {
@@ -122,8 +110,7 @@ __device__ __forceinline__ void rescale_o(float (&o)[D / 2], const float (&alpha
     for (int r = 0; r < 2; ++r) o[4 * cb + 2 * r] *= alpha[r], o[4 * cb + 2 * r + 1] *= alpha[r];
 }
 
-// P (fp32 in the S registers) -> the A fragments of the PV product: S columns 16kk..16kk+15
-// are accumulators 8kk..8kk+7, in A-fragment order already (hopper.cuh).
+// P (fp32 in the S registers) -> the A fragments of the PV product (hopper.cuh: the layouts).
 template <class T>
 __device__ __forceinline__ void convert_p(uint32_t (&pf)[kBc / 16][4], const float (&s)[kBc / 2]) {
   // EXERCISE BEGIN convert-p [easy]
@@ -229,14 +216,20 @@ struct ItemSteps {
     if constexpr (kPP) bar_arrive(kBarSched + (wg + 1) % kConsumers, 2 * kWGThreads);
   }
 
-  // The GEMMs: issue (stamping the start), and done once a wgmma wait has covered them.
+  // The GEMMs (fa3.cuh's): S = Q_c K^T for this warpgroup's 64 rows, and O += P V over the Bc
+  // keys, V read N-major. Issued (stamping the start), and done once a wgmma wait covers them.
   __device__ __forceinline__ void issue_s_of(int it) {
     t_s = tr.now();
     issue_abt<T, D, kBr, kBc>(s, q_addr, k_addr(it));
   }
   __device__ __forceinline__ void issue_pv_of(int it) {
     t_pv = tr.now();
-    issue_pv<T, D>(o, pf, v_addr(it));
+    const uint32_t v = v_addr(it);
+    reg_fence(o);
+    reg_fence(pf);
+    wgmma_fence();
+    issue_rs<T, D, kBc>(o, pf, v);
+    wgmma_commit();
   }
   __device__ __forceinline__ void s_done(int tile) { tr.add(kTraceGemmS, tile, t_s, tr.now()); }
   __device__ __forceinline__ void pv_done(int tile) { tr.add(kTraceGemmPV, tile, t_pv, tr.now()); }
@@ -437,9 +430,7 @@ struct ItemSteps {
 };
 
 // Main loop and epilogue of one item for consumer warpgroup `wg`, in the schedule the variant
-// names; `pos` advances past the item's tiles. The persistent kernels (kPersist) also release Q
-// after the item's last S GEMM, keep the ping-pong turn going from one item to the next, and
-// stage O in their own buffer.
+// names; `pos` advances past the item's tiles.
 template <class T, int D, int kFlags, int kConsumers, int kStages, bool kExtras, bool kTrace>
 __device__ __forceinline__ void consume_item(const Item& c, int wg, const KParams& p,
                                              unsigned char* smem, Bars<kStages>& bars, RingPos& pos,

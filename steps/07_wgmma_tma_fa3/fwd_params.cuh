@@ -13,13 +13,10 @@
 
 // ---- fault injection: a test of the self-test (off unless asked for) -----------------------
 // Built with -DLADDER_07_FAULT=skip_k_wait, every consumer issues S_j = Q K_j^T BEFORE waiting
-// on K_j's full barrier: the wait a missing-wait bug forgets. The wait still happens, after the
-// issue, so the barrier's phases stay balanced and nothing hangs; the product reads K_j's
-// stage before the copy is known to have landed. To make the race lose every time rather than
-// now and then, the thread that issues the K copies also idles ~10^4 clocks before each one.
-// Nothing documents compute-sanitizer as seeing a TMA-vs-wgmma race (the note says what its
-// tools check); the self-test's checks can: `selftest --expect-fault` passes only if they fail.
-// The normal build has none of it (every use is an `if constexpr` on a false constant).
+// on K_j's full barrier, the wait a missing-wait bug forgets (it still waits after the issue, so
+// the phases stay balanced and nothing hangs). The thread that issues the K copies idles ~10^4
+// clocks before each one, so that the race is lost every time; `selftest --expect-fault` passes
+// only if the self-test's checks fail. The normal build has none of it (`if constexpr`).
 #define LADDER_07_FAULT_ID_skip_k_wait 1
 #define LADDER_07_FAULT_ID_(name) LADDER_07_FAULT_ID_##name
 #define LADDER_07_FAULT_ID(name) LADDER_07_FAULT_ID_(name)
@@ -44,9 +41,9 @@ constexpr bool kFaultSkipKWait = LADDER_07_FAULT_SKIP_K_WAIT != 0;
 //     about 190 of the 240 a consumer gets. Two stages: 160 KiB (+ 32 KiB O buffer when
 //     persistent); three would pass the 227 KiB limit.
 //   d = 64, three consumers: O is 32 registers, S 64 + P 32 + O 32 + about 30 of addresses,
-//     row state and loop counters: it fits the 160 that 4 warpgroups leave (24 x 128 +
-//     160 x 384 = 64512 <= 65536; ptxas: R0-R157, no spill). Shared memory: Q 24 + 3 stages x
-//     32 + O 24 = 144 KiB. A third consumer at d = 128 would need 64 (O) + 96 (S, P) > 160.
+//     row state and loop counters: it fits the 160 that 4 warpgroups leave (fa3.cuh;
+//     ptxas: R0-R157, no spill). Shared memory: Q 24 + 3 stages x 32 + O 24 = 144 KiB. A third
+//     consumer at d = 128 would need 64 (O) + 96 (S, P) > 160.
 //   Larger Bc instead (FA3's 192 at d = 64) would need P through shared memory to fit 160 or
 //     more registers for S: a bigger change for the same aim (more GEMM time per softmax).
 constexpr int kMaxStages = 3, kMaxConsumers = 3;
@@ -171,7 +168,7 @@ struct Trace {
   }
 };
 
-// The fault build's delay before a K copy (see the top of the file); nothing otherwise.
+// The fault build's delay before a K copy; nothing otherwise.
 __device__ __forceinline__ void fault_delay() {
   if constexpr (kFaultSkipKWait) {
     const long long t0 = clock64();

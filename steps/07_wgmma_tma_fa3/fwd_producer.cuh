@@ -41,11 +41,9 @@ __device__ __forceinline__ void load_kv(const Item& c, unsigned char* smem, cons
 }
 
 // ---- cp.async issue (every thread of the CTA: the wgmma variant) ------------------------
-// Rows row0 .. row0 + kRows - 1 of one head of a 16-bit tensor (`head` points at its row 0,
-// rows `row` elements apart) into the layout the TMA writes (D / 64 column halves of
-// [kRows][64], 16-byte chunk c of row r at chunk c ^ (r mod 8)), rows past `rows` zero-filled as
-// the TMA fills them. Each of the kThreads threads copies every kThreads-th chunk; the caller
-// commits the group.
+// Rows row0 .. row0 + kRows - 1 of one head of a 16-bit tensor (its row 0 `head` elements past
+// `base`, rows `row` elements apart) into the layout the TMA writes (fa3.cuh), rows past `rows`
+// zero-filled; each of the kThreads threads copies every kThreads-th chunk (the caller commits).
 template <int kRows, int D, int kThreads>
 __device__ __forceinline__ void cp_async_tile(uint32_t dst, const void* base, int64_t head,
                                               int64_t row, int row0, int rows) {
@@ -107,10 +105,9 @@ struct KVCopies {
 };
 
 // The K/V copies of one item, by the producer's one thread: for each tile wait for a free
-// stage (empty barrier), announce the bytes and start the copy. A fresh barrier's parity-1
-// wait passes at once, so the first pass over the ring does not wait. kVLag: V_{t-1} is issued
-// after K_t (as FlashAttention-3 does), so K_{t+1}, which the next S GEMM needs first, is not
-// held up behind V_t's wait for its stage.
+// stage (empty barrier), announce the bytes and start the copy. kVLag: V_{t-1} is issued after
+// K_t (as FlashAttention-3 does), so K_{t+1}, which the next S GEMM needs first, is not held up
+// behind V_t's wait for its stage.
 template <bool kVLag, class S, int kStages, bool kTrace>
 __device__ __forceinline__ void produce_kv(const KVCopies<S, kStages, kTrace>& copy, RingPos& pos) {
   const Item& c = copy.c;

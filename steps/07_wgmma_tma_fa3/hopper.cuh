@@ -1,23 +1,7 @@
 // The Hopper vocabulary of step 07 (sm_90a): small named wrappers around the PTX instructions
-// the kernels use, each with what it does and the way it goes wrong. Everything here runs on
-// sm_90a only (wgmma and setmaxnreg do not exist on plain sm_90).
-//
-//   mbarrier      a 64-bit shared-memory object with a phase bit: init, arrive, expect_tx,
-//                 try_wait.parity. A phase completes when its pending arrivals reach 0 AND
-//                 its transaction count (bytes announced by expect_tx, consumed by TMA
-//                 writes) reaches 0; then the phase bit flips.
-//   TMA           cp.async.bulk.tensor: one thread asks the copy engine for a whole box of a
-//                 tensor described by a CUtensorMap; the bytes land in shared memory (swizzled)
-//                 and are counted on an mbarrier. Also 1-D bulk copies (no tensor map) and the
-//                 reduce-add from shared memory into global memory (the backward's dQ).
-//   wgmma         warpgroup MMA: the 4 warps of a warpgroup (128 threads) issue one
-//                 64 x N x 16 product together; B (and optionally A) is read from shared memory
-//                 through a 64-bit descriptor, the fp32 accumulators live in registers; issue,
-//                 commit_group and wait_group are asynchronous like cp.async's.
-//   setmaxnreg    move registers between warpgroups at run time (producer gives, consumers
-//                 take).
-//   named barrier bar.sync / bar.arrive on ids 1..15 with a thread count: synchronise a
-//                 subset of the block (one warpgroup, or two for the ping-pong hand-off).
+// the kernels use (mbarriers and the rings over them, cp.async, TMA and bulk copies, wgmma and
+// its descriptors, setmaxnreg, named barriers), each with what it does and the way it goes
+// wrong. Everything here runs on sm_90a only (wgmma and setmaxnreg do not exist on plain sm_90).
 //
 // Fragment layouts (PTX ISA, "Register Fragments" of wgmma.mma_async.m64nNk16; the same
 // table that CUTLASS encodes as CLayout_64xN): warp w (0..3) of the warpgroup owns rows
@@ -45,9 +29,10 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// ---------------------------------------------------------------------------------------
-// mbarrier
-// ---------------------------------------------------------------------------------------
+// ---- mbarrier ----------------------------------------------------------------------------
+// A 64-bit shared-memory object with a phase bit. A phase completes when its pending arrivals
+// reach 0 AND its transaction count (bytes announced by expect_tx, counted down by the copies'
+// writes) reaches 0; then the phase bit flips.
 
 // One thread initialises; `count` = arrivals that complete a phase. Pitfall: the TMA unit and
 // other threads may only use it after the init is made visible (mbarrier_init_fence + a block
@@ -74,8 +59,7 @@ __device__ __forceinline__ void mbar_arrive_if(uint64_t* bar, bool pred) {
       : "memory");
 }
 
-// Announce `bytes` of incoming TMA data, then arrive. The phase completes only when the
-// arrival count AND the byte count are both used up. Pitfall: the byte count must equal the
+// Announce `bytes` of incoming TMA data, then arrive. Pitfall: the byte count must equal the
 // full box sizes, out-of-bounds (zero-filled) parts included, or the phase never completes.
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)),
@@ -166,9 +150,7 @@ struct Pipeline {
   }
 };
 
-// ---------------------------------------------------------------------------------------
-// cp.async (step 06's copies), for the one variant that loads without the TMA unit
-// ---------------------------------------------------------------------------------------
+// ---- cp.async (step 06's copies), for the one variant that loads without the TMA unit ----
 
 // 16 bytes from global to shared memory, asynchronously, by this thread; `valid` = false
 // fills the 16 bytes with zeros instead (src-size 0: nothing is read, `src` must still be a
@@ -188,18 +170,15 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// ---------------------------------------------------------------------------------------
-// TMA (cp.async.bulk.tensor), global -> shared
-// ---------------------------------------------------------------------------------------
+// ---- TMA and bulk copies: one thread asks the copy engine for a whole tile ---------------
 
 // Copies the box at coordinates (x, y, z, w) (innermost first, in elements: the kernels' column,
 // row, head, batch) of the tensor that `tmap` describes into shared memory at `dst`, and counts
-// its bytes on `bar`. `tmap` must be
-// the address of a `const __grid_constant__ CUtensorMap` kernel parameter (or of one in
-// global/const memory after a tensormap fence). Out-of-bounds elements arrive as zeros.
-// Pitfalls: dst must be aligned to the swizzle pattern (1024 B for SWIZZLE_128B); the
-// shared::cluster destination form is used with the CTA's own address (valid for a 1-CTA
-// cluster, which every non-cluster launch is).
+// its bytes on `bar`. `tmap` must be the address of a `const __grid_constant__ CUtensorMap`
+// kernel parameter (or of one in global/const memory after a tensormap fence). Out-of-bounds
+// elements arrive as zeros. Pitfalls: dst must be aligned to the swizzle pattern (1024 B for
+// SWIZZLE_128B); the shared::cluster destination form is used with the CTA's own address (valid for
+// a 1-CTA cluster, which every non-cluster launch is).
 __device__ __forceinline__ void tma_load_4d(void* dst, const void* tmap, uint64_t* bar, int x,
                                             int y, int z, int w) {
   asm volatile(
@@ -261,9 +240,7 @@ __device__ __forceinline__ void bulk_wait() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// ---------------------------------------------------------------------------------------
-// wgmma
-// ---------------------------------------------------------------------------------------
+// ---- wgmma: the 4 warps of a warpgroup issue one 64 x N x 16 product together ------------
 
 // Shared-memory matrix descriptor, 128-byte swizzle (PTX ISA "Matrix Descriptor Format"):
 //   bits  0-13  start address >> 4        bits 16-29  leading-dimension byte offset >> 4
@@ -416,9 +393,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
                     "%66", "%67", "%68", "%69", "%70");
 }
 
-// ---------------------------------------------------------------------------------------
-// Registers, barriers, election
-// ---------------------------------------------------------------------------------------
+// ---- registers, barriers, election -------------------------------------------------------
 
 // setmaxnreg: the executing warpgroup's per-thread register limit becomes N (a multiple of 8 in
 // 24..256). dec returns registers to the block's pool, inc waits until the pool can give them.
@@ -453,9 +428,7 @@ __device__ __forceinline__ bool elect_one() {
   return pred != 0;
 }
 
-// ---------------------------------------------------------------------------------------
-// Arithmetic
-// ---------------------------------------------------------------------------------------
+// ---- arithmetic --------------------------------------------------------------------------
 
 // 2^x on the special-function unit; ex2.approx(-inf) = +0, which the masking relies on.
 __device__ __forceinline__ float fast_exp2(float x) {

@@ -1,7 +1,6 @@
 // Step 07's host side: the descriptor (what it supports; the head dims and dtypes are in
-// capabilities.hpp) and the launches. The algorithm is
-// wgmma_tma_fa3.cu (the kernels, and the tensor maps they read) with hopper.cuh (the Hopper
-// instructions); wgmma_tma_fa3.hpp is its host API, which the PyTorch extension uses too.
+// capabilities.hpp) and the runs, through the step's host API (wgmma_tma_fa3.hpp), which the
+// PyTorch extension uses too.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -27,8 +26,7 @@ bool has_extras(const Problem& p) {
   return p.sparsity.active() || p.dropout > 0;
 }
 
-// The descriptor's tiles(), fixed at compile time: Bc = 128; Br = 192 for three-consumers at
-// d = 64 without dropout or a block mask (unless seq_q pads badly to 192), else 128.
+// The descriptor's tiles(), fixed at compile time (fa3::query_tile).
 Tiles fixed_tiles(const Problem& p, const RunOptions& opt, const DeviceInfo&) {
   const int br =
       fa3::query_tile(variant_named(opt.variant), int(p.dim), has_extras(p), int(p.seq_q));
@@ -83,17 +81,12 @@ RunResult run_typed(const Problem& p, const Inputs& in, Outputs& out, const RunO
 
   if (p.backward) {  // on the O and LSE the forward above has produced
     fa3::BwdParams b;
+    static_cast<fa3::Attention&>(b) = f;  // the shapes, softmax, dropout and mask geometry
     g.backward_tensors(b);
-    b.batch = f.batch, b.heads = f.heads, b.heads_kv = f.heads_kv;
-    b.seq_q = f.seq_q, b.seq_k = f.seq_k, b.dim = f.dim, b.bf16 = f.bf16;
-    b.scale = f.scale, b.causal = f.causal;
     b.negate_dq = p.softmax_scale() < 0;  // Q went up as -Q: dQ for the real Q is the negation
-    b.dropout_p = f.dropout_p, b.dropout_seed = f.dropout_seed;
     if (!in.mask.empty()) {
       q_lists = DeviceBlockLists(q_block_lists(in.mask));
       b.q_count = q_lists.count.get(), b.q_index = q_lists.index.get();
-      b.block_m = f.block_m, b.block_n = f.block_n;
-      b.mask_batch = f.mask_batch, b.mask_heads = f.mask_heads;
     }
     const fa3::BwdWorkspace ws = fa3::bwd_workspace(b);
     DeviceBuffer<float> dq_acc(ws.dq_acc_bytes / 4), lse2(ws.lse2_bytes / 4),
@@ -110,17 +103,15 @@ RunResult run(const Problem& p, const Inputs& in, Outputs& out, const RunOptions
   return with_16bit_type(p.dtype, [&](auto t) { return run_typed<decltype(t)>(p, in, out, opt); });
 }
 
-// The variants as fa3::kVariants describes them, the default (the fastest kernel) first, then
-// the ladder of ideas. Only the persistent kernels have dropout and block masks.
+// The variants as fa3::kVariants describes them, the default (three-consumers, the fastest
+// kernel) first, then the ladder of ideas. Only the persistent kernels have dropout and block
+// masks.
 std::vector<Variant> variants() {
   std::vector<Variant> vs;
-  for (const fa3::VariantInfo& v : fa3::kVariants)
-    if (v.id == fa3::Variant::three_consumers) vs.push_back({v.name, v.idea});
   for (const fa3::VariantInfo& v : fa3::kVariants) {
-    if (v.id == fa3::Variant::three_consumers) continue;
     Variant x{v.name, v.idea};
     x.dropout = x.block_sparse = fa3::is_persistent(v.id);
-    vs.push_back(x);
+    vs.insert(v.id == fa3::Variant::three_consumers ? vs.begin() : vs.end(), x);
   }
   return vs;
 }

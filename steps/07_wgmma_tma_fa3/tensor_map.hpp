@@ -1,26 +1,28 @@
-// Host side of step 07, shared by the forward and the backward: the device check, the kernel's
-// shared-memory limit, and the TMA tensor maps of [planes, rows, dim] tensors. CUDA errors go
-// through the ladder's CUDA_CHECK (common/).
+// Host side of step 07, shared by the forward and the backward: the parameter checks, the
+// device check, the choice of an instantiation by dtype and head dim, the kernel's shared-memory
+// limit, and the TMA tensor maps. CUDA errors go through the ladder's CUDA_CHECK (common/).
 #pragma once
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes through the runtime
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "cuda_util.cuh"
 #include "wgmma_tma_fa3.hpp"
 
 namespace ladder::fa3 {
 
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
-                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
-                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
 // The driver's cuTensorMapEncodeTiled, found through the runtime (no -lcuda at link time).
-inline EncodeTiled tensor_map_encoder() {
-  static EncodeTiled fn = nullptr;
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
   if (!fn) {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult q{};
@@ -28,9 +30,68 @@ inline EncodeTiled tensor_map_encoder() {
                                                 cudaEnableDefault, &q));
     if (q != cudaDriverEntryPointSuccess || !f)
       throw std::runtime_error("step 07: the driver has no cuTensorMapEncodeTiled");
-    fn = reinterpret_cast<EncodeTiled>(f);
+    fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
   }
   return fn;
+}
+
+// Throws std::invalid_argument("who: what") unless ok.
+inline void require(bool ok, const char* who, const std::string& what) {
+  if (!ok) throw std::invalid_argument(std::string(who) + ": " + what);
+}
+
+// The rule a tensor's Strides must follow (the TMA unit's and the 16-byte accesses'): every
+// stride a non-negative multiple of 8 elements (16 bytes) below 2^40 bytes.
+inline bool strides_ok(const Strides& s) {
+  for (int64_t x : {s.batch, s.head, s.row})
+    if (x < 0 || x % 8 != 0 || x >= (int64_t(1) << 39)) return false;
+  return true;
+}
+
+// The checks the forward's and the backward's parameters share (P: FwdParams or BwdParams):
+// the shapes, the scale, LSE and the 16-byte aligned `tensors`, the strides, dropout, and the
+// block mask's geometry when `sparse`.
+template <class P>
+void check_params(const P& f, const char* who, std::initializer_list<const void*> tensors,
+                  bool sparse) {
+  require(f.dim == 64 || f.dim == 128, who,
+          "head dims 64 and 128 (bf16 and fp16); 256 is not built: its O alone is 128 fp32 "
+          "registers per consumer thread, which with S needs smaller key tiles");
+  require(f.batch >= 1 && f.heads >= 1 && f.heads_kv >= 1 && f.seq_q >= 1 && f.seq_k >= 1, who,
+          "batch, heads, heads_kv, seq_q, seq_k must be >= 1");
+  require(f.heads % f.heads_kv == 0, who, "heads must be a multiple of heads_kv");
+  require(f.batch <= 65535 && f.heads <= 65535 && f.seq_q <= (1 << 30) && f.seq_k <= (1 << 30), who,
+          "batch and heads are grid dimensions (<= 65535), seq_q and seq_k <= 2^30");
+  require(std::isfinite(f.scale) && f.scale > 0.f, who,
+          "scale must be finite and > 0 (negate Q for a negative scale)");
+  require(f.lse != nullptr, who, "null LSE");
+  for (const void* t : tensors) {
+    require(t != nullptr, who, "null tensor pointer");
+    require(reinterpret_cast<uintptr_t>(t) % 16 == 0, who,
+            "every tensor and the workspace must be 16-byte aligned");
+  }
+  const Strides strides[] = {f.q_strides, f.k_strides, f.v_strides, f.o_strides};
+  for (const Strides& s : strides)
+    require(strides_ok(s), who,
+            "every stride of Q, K, V, O and dO must be a multiple of 8 elements (16 bytes), "
+            "the head dim contiguous");
+  require(f.dropout_p >= 0.f && f.dropout_p < 1.f, who, "dropout_p must be in [0, 1)");
+  if (!sparse) return;
+  require(f.block_m > 0 && f.block_m % 128 == 0 && f.block_n > 0 && f.block_n % 128 == 0, who,
+          "mask blocks must be multiples of 128 x 128");
+  require(f.mask_batch == 1 || f.mask_batch == f.batch, who, "mask_batch must be 1 or batch");
+  require(f.mask_heads == 1 || f.mask_heads == f.heads, who, "mask_heads must be 1 or heads");
+}
+
+// f(T(), std::integral_constant<int, D>()) for the run's 16-bit type T and head dim D (64 or
+// 128, as check_params allows): how both passes pick their instantiation.
+template <class F>
+auto with_type_and_dim(bool bf16, int dim, F&& f) {
+  auto by_dim = [&](auto t) {
+    return dim == 64 ? f(t, std::integral_constant<int, 64>())
+                     : f(t, std::integral_constant<int, 128>());
+  };
+  return bf16 ? by_dim(__nv_bfloat16()) : by_dim(__half());
 }
 
 // The current device's properties; throws (naming `who`) unless it is an sm_90 GPU.
@@ -53,18 +114,6 @@ inline int set_smem_limit(const void* fn, int smem) {
   return attr.numRegs;
 }
 
-// The rule a tensor's Strides must follow (the TMA unit's and the 16-byte accesses'): every
-// stride a non-negative multiple of 8 elements (16 bytes) below 2^40 bytes.
-inline bool strides_ok(const Strides& s) {
-  for (int64_t x : {s.batch, s.head, s.row})
-    if (x < 0 || x % 8 != 0 || x >= (int64_t(1) << 39)) return false;
-  return true;
-}
-inline const char* strides_rule() {
-  return "every stride of Q, K, V, O and dO must be a multiple of 8 elements (16 bytes), the "
-         "head dim contiguous";
-}
-
 // A tensor map of `rank` dimensions (innermost first: dims[0] elements of elem_bytes, contiguous;
 // strides[k] bytes from one index of dimension k + 1 to the next), boxes of box[] elements,
 // box[0] x elem_bytes = 128 bytes in the 128-byte swizzle. Loads past a dimension's end read
@@ -81,26 +130,28 @@ inline void encode(void* map, const void* base, CUtensorMapDataType type, int ra
                              std::to_string(int(r)));
 }
 
-// A dense [planes, rows, dim] tensor as a 3-D map {dim, rows, planes} (the fp32 dQ workspace).
-inline void encode_3d(void* map, const void* base, CUtensorMapDataType type, int elem_bytes,
-                      int dim, int rows, int planes, int box_cols, int box_rows) {
+// The backward's fp32 dQ accumulator, a dense [planes, rows, dim] tensor, as a 3-D map {dim,
+// rows, planes}, boxes of 32 columns (128 bytes) x 64 rows: what its TMA reduce-adds address.
+inline void encode_dq_acc(void* map, const float* base, int dim, int rows, int planes) {
   const cuuint64_t gdim[3] = {cuuint64_t(dim), cuuint64_t(rows), cuuint64_t(planes)};
-  const cuuint64_t gstride[2] = {cuuint64_t(dim) * elem_bytes, cuuint64_t(rows) * dim * elem_bytes};
-  const cuuint32_t box[3] = {cuuint32_t(box_cols), cuuint32_t(box_rows), 1};
-  encode(map, base, type, 3, gdim, gstride, box);
+  const cuuint64_t gstride[2] = {cuuint64_t(dim) * 4, cuuint64_t(rows) * dim * 4};
+  const cuuint32_t box[3] = {32, 64, 1};
+  encode(map, base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, gdim, gstride, box);
 }
 
-// A 16-bit [batch, heads, rows, dim] tensor with strides `st` (elements; resolved(), so dense is
-// spelled out) as a 4-D map {dim, rows, heads, batch}, boxes of 64 columns x box_rows rows:
+// A 16-bit [batch, heads, rows, dim] tensor (dtype, dim and batch those of `f`) with strides
+// `st` as a 4-D map {dim, rows, heads, batch}, boxes of 64 columns (128 bytes) x box_rows rows:
 // the kernels address a tile by (column, row, head, batch).
-inline void encode_4d(void* map, const void* base, CUtensorMapDataType type, int dim, int rows,
-                      int heads, int batch, Strides st, int box_rows) {
-  const cuuint64_t gdim[4] = {cuuint64_t(dim), cuuint64_t(rows), cuuint64_t(heads),
-                              cuuint64_t(batch)};
+inline void encode_4d(void* map, const Attention& f, const void* base, int heads, int rows,
+                      Strides st, int box_rows) {
+  st = resolved(st, heads, rows, f.dim);
+  const cuuint64_t gdim[4] = {cuuint64_t(f.dim), cuuint64_t(rows), cuuint64_t(heads),
+                              cuuint64_t(f.batch)};
   const cuuint64_t gstride[3] = {cuuint64_t(st.row) * 2, cuuint64_t(st.head) * 2,
                                  cuuint64_t(st.batch) * 2};
   const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
-  encode(map, base, type, 4, gdim, gstride, box);
+  encode(map, base, f.bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+         gdim, gstride, box);
 }
 
 }  // namespace ladder::fa3

@@ -1,10 +1,6 @@
-// Rung 07's tile schedulers, in one place: which work a CTA does, forward and backward.
-// Forward: which K/V tiles a work item visits (dense, or the block mask's list), the item a CTA
-// index or a counter value stands for (heaviest causal tiles first, heads in L2-sized sections),
-// and how the persistent producer takes the next item from the counter and hands it to the
-// consumers through a two-slot ring in shared memory. Backward: the K/V tile a CTA owns and its
-// walk over the Q tiles that see it. P is the kernel's parameter struct (KParams of
-// fwd_params.cuh or bwd_params.cuh); each kernel uses its own half.
+// Rung 07's tile schedulers, in one place: which work a CTA does, forward (the items, their K/V
+// walk, the persistent order and hand-off) and backward (the K/V tile a CTA owns, its walk over
+// the Q tiles). P is the kernel's KParams (fwd_params.cuh or bwd_params.cuh).
 #pragma once
 #include "fa3.cuh"
 

@@ -15,14 +15,8 @@
 //
 // Step 06 runs FlashAttention-2 on mma.sync: every warp loads its own operand fragments
 // (ldmatrix), issues 16 x 8 x 16 products one by one and waits for each; cp.async moves
-// K_j, V_j and every thread computes addresses for it. On an H100 that tops out near
-// 320 TFLOP/s. This step keeps the algorithm (online softmax over K/V tiles, P reused from
-// registers) and changes the machinery, one idea per variant (kVariants in the .hpp says each
-// in a line, the note at length): TMA and wgmma, then a producer warpgroup with setmaxnreg,
-// ping-pong between the consumer warpgroups, softmax under the next tile's GEMMs inside one,
-// a persistent kernel fed by tile_scheduler.cuh, and three consumers at d = 64 (the default;
-// at d = 128, with dropout or a block mask, or where seq_q pads badly to 192 rows, query_tile()
-// in the .hpp, it runs the persistent kernel).
+// K_j, V_j and every thread computes addresses for it. This step keeps the algorithm and
+// changes the machinery, one idea per variant (kVariants in the .hpp says each in a line).
 //
 // A CTA works on (query tile of Br = 64 x consumers rows, head, batch); consumer warpgroup c
 // owns rows 64c .. 64c+63 and keeps their S, m, l and O in registers. Per K/V tile j (Bc = 128
@@ -32,12 +26,6 @@
 //   m, l and P by the online softmax, in base 2 (softmax_tile)
 //   O = alpha O + P V_j              wgmma RS: A = P (registers), B = V_j (smem, N-major)
 // and at the end O /= l, LSE = tau m + ln l, O through shared memory to 16-byte stores.
-//
-// Shared memory (d = 128, Br = 128): Q 32 KiB + 2 stages x (K 32 + V 32) KiB = 160 KiB, and a
-// 32 KiB O buffer in the persistent kernels. Each tile is stored as d / 64 "column halves" of
-// [rows][64] elements, rows of 128 bytes in the TMA's 128-byte swizzle (16-byte chunk c of row
-// r at chunk c ^ (r mod 8)), every half on a 1024-byte boundary: the layout the wgmma
-// descriptors with swizzle mode 128B read (hopper.cuh).
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes through the runtime
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -159,7 +147,7 @@ KParams kernel_params(const FwdPlan& plan) {
 }
 
 template <class T, int D, int kFlags, int kConsumers, int kStages, bool kExtras, bool kTrace>
-void launch_one(const FwdPlan& plan, cudaStream_t stream) {
+void launch_as(const FwdPlan& plan, cudaStream_t stream) {
   CUtensorMap maps[3];
   std::memcpy(maps, plan.tensor_maps, sizeof(maps));
   fa3_fwd_kernel<T, D, kFlags, kConsumers, kStages, kExtras, kTrace>
@@ -167,92 +155,57 @@ void launch_one(const FwdPlan& plan, cudaStream_t stream) {
                                                            kernel_params(plan));
 }
 
+// One instantiation, as make_plan sees it.
 struct Entry {
-  const void* fn = nullptr;
-  void (*launch)(const FwdPlan&, cudaStream_t) = nullptr;
-  int threads = 0, smem = 0, br = 0, stages = 0, consumers = 0;
-  bool persistent = false;
+  const void* fn;
+  void (*launch)(const FwdPlan&, cudaStream_t);
+  int threads, smem, br, stages;
 };
 
-template <class T, int D, int kFlags, int kConsumers, int kStages, bool kExtras, bool kTrace>
+// Variant V's kernel for (T, D): its flags (V names the schedule; three-consumers is the
+// persistent kernel with kConsumers = 3). The persistent kernels' stages: three at d = 64 (the
+// tiles are half as long to compute, so the ring must run further ahead; 144 KiB with three
+// consumers), two at d = 128 (192 KiB).
+template <class T, int D, Variant V, int kConsumers = 2, bool kExtras = false, bool kTrace = false>
 Entry entry() {
+  constexpr int kFlags = flags_of(V);
   constexpr bool kPers = (kFlags & kPersist) != 0;
+  constexpr int kStages = kPers && D == 64 ? 3 : 2;
   using S = Smem<D, kConsumers, kStages, kPers>;
   return {reinterpret_cast<const void*>(
               &fa3_fwd_kernel<T, D, kFlags, kConsumers, kStages, kExtras, kTrace>),
-          &launch_one<T, D, kFlags, kConsumers, kStages, kExtras, kTrace>,
+          &launch_as<T, D, kFlags, kConsumers, kStages, kExtras, kTrace>,
           threads_of(kFlags, kConsumers),
           S::kDynamic,
           S::kBr,
-          kStages,
-          kConsumers,
-          kPers};
+          kStages};
 }
 
-constexpr int kCp = kCpAsync, kBase = 0, kWS = kWarpSpec, kPP = kWarpSpec | kPingPong,
-              kFull = kWarpSpec | kPingPong | kIntraOverlap, kPers = kFull | kPersist;
-// The persistent kernels' stages: three at d = 64 (the tiles are half as long to compute, so
-// the ring must run further ahead; 144 KiB with three consumers), two at d = 128 (192 KiB).
-template <int D>
-inline constexpr int kPersStages = D == 64 ? 3 : 2;
-
-// Instantiation ids: 0..15 = (variant - tma-wgmma) * 4 + (fp16 ? 2 : 0) + (d == 128) for the
-// TMA one-item kernels; 16..19 = persistent (two consumers), same order; 20, 21 = three
-// consumers, d = 64, bf16 / fp16; 22..25 = persistent with dropout / block-sparse compiled in;
-// 26, 27, 28 = the trace builds of tma-wgmma, intra-overlap and persistent (bf16, d = 128);
-// 29..32 = wgmma (cp.async), in the first order.
-int instantiation_id(Variant v, bool is_bf16, int dim, int seq_q, bool extras, bool trace) {
-  const int dt = (is_bf16 ? 0 : 2) + (dim == 128 ? 1 : 0);
-  if (trace) return v == Variant::tma_wgmma ? 26 : v == Variant::intra_overlap ? 27 : 28;
-  if (extras) return 22 + dt;
-  if (query_tile(v, dim, extras, seq_q) == 192) return is_bf16 ? 20 : 21;
-  if (is_persistent(v)) return 16 + dt;
-  if (v == Variant::wgmma) return 29 + dt;
-  return (int(v) - int(Variant::tma_wgmma)) * 4 + dt;
+// The instantiations for (T, D): every variant; three-consumers' Br = 192 kernel (d = 64);
+// dropout and block-sparse compiled into the persistent kernel (`extras`); the trace builds of
+// tma-wgmma, intra-overlap and the persistent kernel (bf16, d = 128).
+template <class T, int D>
+Entry select_as(Variant v, bool extras, bool trace, int seq_q) {
+  using V = Variant;
+  if constexpr (kIsBf16<T> && D == 128) {
+    if (trace && v == V::tma_wgmma) return entry<T, D, V::tma_wgmma, 2, false, true>();
+    if (trace && v == V::intra_overlap) return entry<T, D, V::intra_overlap, 2, false, true>();
+    if (trace) return entry<T, D, V::persistent, 2, false, true>();
+  }
+  if (extras) return entry<T, D, V::persistent, 2, true>();
+  if constexpr (D == 64) {
+    if (query_tile(v, D, extras, seq_q) == 192) return entry<T, D, V::three_consumers, 3>();
+  }
+  if (v == V::wgmma) return entry<T, D, V::wgmma>();
+  if (v == V::tma_wgmma) return entry<T, D, V::tma_wgmma>();
+  if (v == V::warp_specialized) return entry<T, D, V::warp_specialized>();
+  if (v == V::pingpong) return entry<T, D, V::pingpong>();
+  if (v == V::intra_overlap) return entry<T, D, V::intra_overlap>();
+  return entry<T, D, V::persistent>();  // persistent, and three-consumers at Br = 128
 }
 
-// The one table that picks the instantiation, indexed by instantiation_id().
-constexpr Entry (*kEntries[])() = {
-    &entry<bf16, 64, kBase, 2, 2, false, false>,                  // 0
-    &entry<bf16, 128, kBase, 2, 2, false, false>,                 // 1
-    &entry<fp16, 64, kBase, 2, 2, false, false>,                  // 2
-    &entry<fp16, 128, kBase, 2, 2, false, false>,                 // 3
-    &entry<bf16, 64, kWS, 2, 2, false, false>,                    // 4
-    &entry<bf16, 128, kWS, 2, 2, false, false>,                   // 5
-    &entry<fp16, 64, kWS, 2, 2, false, false>,                    // 6
-    &entry<fp16, 128, kWS, 2, 2, false, false>,                   // 7
-    &entry<bf16, 64, kPP, 2, 2, false, false>,                    // 8
-    &entry<bf16, 128, kPP, 2, 2, false, false>,                   // 9
-    &entry<fp16, 64, kPP, 2, 2, false, false>,                    // 10
-    &entry<fp16, 128, kPP, 2, 2, false, false>,                   // 11
-    &entry<bf16, 64, kFull, 2, 2, false, false>,                  // 12
-    &entry<bf16, 128, kFull, 2, 2, false, false>,                 // 13
-    &entry<fp16, 64, kFull, 2, 2, false, false>,                  // 14
-    &entry<fp16, 128, kFull, 2, 2, false, false>,                 // 15
-    &entry<bf16, 64, kPers, 2, kPersStages<64>, false, false>,    // 16
-    &entry<bf16, 128, kPers, 2, kPersStages<128>, false, false>,  // 17
-    &entry<fp16, 64, kPers, 2, kPersStages<64>, false, false>,    // 18
-    &entry<fp16, 128, kPers, 2, kPersStages<128>, false, false>,  // 19
-    &entry<bf16, 64, kPers, 3, kPersStages<64>, false, false>,    // 20
-    &entry<fp16, 64, kPers, 3, kPersStages<64>, false, false>,    // 21
-    &entry<bf16, 64, kPers, 2, kPersStages<64>, true, false>,     // 22
-    &entry<bf16, 128, kPers, 2, kPersStages<128>, true, false>,   // 23
-    &entry<fp16, 64, kPers, 2, kPersStages<64>, true, false>,     // 24
-    &entry<fp16, 128, kPers, 2, kPersStages<128>, true, false>,   // 25
-    &entry<bf16, 128, kBase, 2, 2, false, true>,                  // 26
-    &entry<bf16, 128, kFull, 2, 2, false, true>,                  // 27
-    &entry<bf16, 128, kPers, 2, kPersStages<128>, false, true>,   // 28
-    &entry<bf16, 64, kCp, 2, 2, false, false>,                    // 29
-    &entry<bf16, 128, kCp, 2, 2, false, false>,                   // 30
-    &entry<fp16, 64, kCp, 2, 2, false, false>,                    // 31
-    &entry<fp16, 128, kCp, 2, 2, false, false>,                   // 32
-};
-Entry select(int id) {
-  return id >= 0 && id < int(sizeof(kEntries) / sizeof(kEntries[0])) ? kEntries[id]() : Entry{};
-}
-
-void require(bool ok, const std::string& what) {
-  if (!ok) throw std::invalid_argument("step 07: " + what);
+bool has_extras(const FwdParams& f) {
+  return f.kv_count != nullptr || f.dropout_p > 0.f;
 }
 
 }  // namespace
@@ -273,84 +226,49 @@ const char* trace_role_name(int phase) {
   return phase == kTraceTmaIssueK || phase == kTraceTmaIssueV ? "producer" : "consumer";
 }
 
-bool supported(Variant, bool, int dim, std::string* why) {
-  if (dim == 64 || dim == 128) return true;
-  if (why)
-    *why =
-        "head dims 64 and 128 (bf16 and fp16, every variant); 256 is not built: its O alone "
-        "is 128 fp32 registers per consumer thread, which with S needs smaller key tiles";
-  return false;
-}
-
 FwdPlan make_plan(const FwdParams& f, Variant v) {
-  std::string why;
-  require(supported(v, f.bf16, f.dim, &why), why);
-  require(f.batch >= 1 && f.heads >= 1 && f.heads_kv >= 1 && f.seq_q >= 1 && f.seq_k >= 1,
-          "batch, heads, heads_kv, seq_q, seq_k must be >= 1");
-  require(f.heads % f.heads_kv == 0, "heads must be a multiple of heads_kv");
-  require(f.batch <= 65535 && f.heads <= 65535, "batch and heads are grid dimensions (<= 65535)");
-  require(std::isfinite(f.scale) && f.scale > 0.f,
-          "scale must be finite and > 0 (negate Q for a negative scale)");
-  require(f.q && f.k && f.v && f.o && f.lse, "null tensor pointer");
-  for (const void* ptr : {f.q, f.k, f.v, static_cast<const void*>(f.o)})
-    require(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, "Q, K, V, O must be 16-byte aligned");
-  for (const Strides& s : {f.q_strides, f.k_strides, f.v_strides, f.o_strides})
-    require(strides_ok(s), strides_rule());
-  require(f.dropout_p >= 0.f && f.dropout_p < 1.f, "dropout_p must be in [0, 1)");
-  const bool sparse = f.kv_count != nullptr;
-  const bool extras = sparse || f.dropout_p > 0.f;
-  require(!extras || is_persistent(v),
+  const char* who = "step 07";
+  check_params(f, who, {f.q, f.k, f.v, f.o}, f.kv_count != nullptr);
+  require(f.kv_count == nullptr || f.kv_index != nullptr, who, "kv_count without kv_index");
+  const bool extras = has_extras(f), trace = f.trace != nullptr;
+  require(!extras || is_persistent(v), who,
           "dropout and block-sparse are built into the persistent variants only "
           "('persistent', 'three-consumers')");
-  if (sparse) {
-    require(f.kv_index != nullptr, "kv_count without kv_index");
-    // The dropout / block-sparse kernels have two consumers: Br = Bc = 128.
-    require(f.block_m > 0 && f.block_m % 128 == 0 && f.block_n > 0 && f.block_n % kBc == 0,
-            "mask blocks must be multiples of 128 x 128");
-    require(f.mask_batch == 1 || f.mask_batch == f.batch, "mask_batch must be 1 or batch");
-    require(f.mask_heads == 1 || f.mask_heads == f.heads, "mask_heads must be 1 or heads");
-  }
-  const bool trace = f.trace != nullptr;
   require(!trace || ((v == Variant::tma_wgmma || v == Variant::intra_overlap || is_persistent(v)) &&
                      f.bf16 && f.dim == 128 && !extras),
+          who,
           "the trace build exists for tma-wgmma, intra-overlap and the persistent variants, "
           "bf16, d = 128, no extras");
-  require(!is_persistent(v) || f.tile_counter != nullptr,
+  require(!is_persistent(v) || f.tile_counter != nullptr, who,
           "the persistent variants need tile_counter (4 bytes of device memory)");
 
-  const cudaDeviceProp prop = require_sm90("step 07");
+  const cudaDeviceProp prop = require_sm90(who);
 
   FwdPlan plan{};
   plan.params = f;
   plan.variant = v;
-  plan.instantiation = instantiation_id(v, f.bf16, f.dim, f.seq_q, extras, trace);
-  const Entry e = select(plan.instantiation);
-  require(e.fn != nullptr, "no instantiation");
-  plan.kernel = e.fn;
+  const Entry e = with_type_and_dim(f.bf16, f.dim, [&](auto t, auto d) {
+    return select_as<decltype(t), decltype(d)::value>(v, extras, trace, f.seq_q);
+  });
+  plan.launcher = e.launch;
   plan.block = dim3(unsigned(e.threads));
   plan.smem_bytes = e.smem;
-  plan.br = e.br, plan.bc = kBc, plan.stages = e.stages, plan.consumers = e.consumers;
+  plan.br = e.br, plan.bc = kBc, plan.stages = e.stages, plan.consumers = e.br / 64;
   const int n_mt = (f.seq_q + e.br - 1) / e.br;
-  const CUtensorMapDataType t16 =
-      f.bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  // Boxes of 64 columns (128 bytes) x the tile's rows.
-  encode_4d(plan.tensor_maps[0], f.q, t16, f.dim, f.seq_q, f.heads, f.batch,
-            resolved(f.q_strides, f.heads, f.seq_q, f.dim), e.br);
-  encode_4d(plan.tensor_maps[1], f.k, t16, f.dim, f.seq_k, f.heads_kv, f.batch,
-            resolved(f.k_strides, f.heads_kv, f.seq_k, f.dim), kBc);
-  encode_4d(plan.tensor_maps[2], f.v, t16, f.dim, f.seq_k, f.heads_kv, f.batch,
-            resolved(f.v_strides, f.heads_kv, f.seq_k, f.dim), kBc);
+  encode_4d(plan.tensor_maps[0], f, f.q, f.heads, f.seq_q, f.q_strides, e.br);
+  encode_4d(plan.tensor_maps[1], f, f.k, f.heads_kv, f.seq_k, f.k_strides, kBc);
+  encode_4d(plan.tensor_maps[2], f, f.v, f.heads_kv, f.seq_k, f.v_strides, kBc);
   plan.regs = set_smem_limit(e.fn, e.smem);
-  if (!e.persistent) {
+  if (!is_persistent(v)) {
     plan.grid = dim3(unsigned(n_mt), unsigned(f.heads), unsigned(f.batch));
     return plan;
   }
   // Persistent: as many CTAs as fit at once (one per SM), never more than there are items.
   const long long items = (long long)n_mt * f.batch * f.heads;
-  require(items <= INT_MAX / 2, "too many work items (query tiles x heads x batch)");
+  require(items <= INT_MAX / 2, who, "too many work items (query tiles x heads x batch)");
   int per_sm = 0;
   CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, e.fn, e.threads, e.smem));
-  require(per_sm >= 1, "the persistent kernel does not fit on an SM");
+  require(per_sm >= 1, who, "the persistent kernel does not fit on an SM");
   plan.items = int(items);
   plan.grid =
       dim3(unsigned(std::min<long long>(items, (long long)prop.multiProcessorCount * per_sm)));
@@ -367,9 +285,8 @@ FwdPlan make_plan(const FwdParams& f, Variant v) {
 }
 
 void launch(const FwdPlan& plan, cudaStream_t stream) {
-  const Entry e = select(plan.instantiation);
-  if (!e.launch) throw std::invalid_argument("step 07: launch of an empty plan");
-  e.launch(plan, stream);
+  if (!plan.launcher) throw std::invalid_argument("step 07: launch of an empty plan");
+  plan.launcher(plan, stream);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -385,8 +302,8 @@ std::string describe(const FwdPlan& plan) {
   if (plan.items > 0)
     s << " persistent grid=" << plan.grid.x << " items=" << plan.items
       << " section=" << plan.section_heads << " heads";
-  if (plan.instantiation >= 22 && plan.instantiation < 26) s << " extras=dropout+block-sparse";
-  if (plan.instantiation >= 26 && plan.instantiation < 29) s << " trace";
+  if (has_extras(plan.params)) s << " extras=dropout+block-sparse";
+  if (plan.params.trace) s << " trace";
   if (flags_of(plan.variant) & kCpAsync) s << " loads=cp.async";
   if (kFaultSkipKWait) s << " FAULT=skip_k_wait";
   return s.str();

@@ -3,8 +3,6 @@
 //
 // Use:
 //   ladder::fa3::FwdParams p;  // device pointers, shapes, scale > 0, causal, ...
-//   std::string why;
-//   if (!ladder::fa3::supported(variant, p.bf16, p.dim, &why)) ...;
 //   const ladder::fa3::FwdPlan plan = ladder::fa3::make_plan(p, variant);  // host work, once
 //   ladder::fa3::launch(plan, stream);                                     // the timed part
 //
@@ -94,33 +92,41 @@ inline Strides resolved(Strides s, int heads, int rows, int dim) {
   return s.dense() ? Strides{int64_t(heads) * rows * dim, int64_t(rows) * dim, dim} : s;
 }
 
-struct FwdParams {
-  const void* q = nullptr;                             // [batch, heads, seq_q, dim], bf16 or fp16
-  const void* k = nullptr;                             // [batch, heads_kv, seq_k, dim]
-  const void* v = nullptr;                             // [batch, heads_kv, seq_k, dim]
-  void* o = nullptr;                                   // [batch, heads, seq_q, dim]
-  float* lse = nullptr;                                // [batch, heads, seq_q] (dense)
+// What the forward and the backward both take: the shapes, the dtype, the softmax, dropout, the
+// strides of Q, K, V, O and the geometry of a block mask.
+struct Attention {
   Strides q_strides, k_strides, v_strides, o_strides;  // default: dense
   int batch = 0, heads = 0, heads_kv = 0, seq_q = 0, seq_k = 0, dim = 0;
   bool bf16 = true;
   float scale = 0.f;  // > 0 (see above)
   bool causal = false;
 
-  // Dropout (persistent variants only): O = (P o Z / (1 - p)) V, Z from Philox4x32-10 keyed by the
-  // seed (the mapping of docs/CONTRACT.md); 0 = off. LSE is that of P, undropped.
+  // Dropout (the forward's persistent variants only): O = (P o Z / (1 - p)) V, Z from
+  // Philox4x32-10 keyed by the seed (the mapping of docs/CONTRACT.md); 0 = off. LSE is that of
+  // P, undropped. The backward takes the forward's rate and seed.
   float dropout_p = 0.f;
   uint64_t dropout_seed = 0;
 
-  // Block-sparse (persistent variants only; off when kv_count is null). Mask blocks of block_m
-  // query rows x block_n keys (multiples of 128). For mask row (b', h', I), with b' = 0 if
-  // mask_batch == 1 else b (mask_batch is 1 or batch; mask_heads likewise 1 or heads):
-  //   n = kv_count[(b' * mask_heads + h') * nI + I]                       visible key blocks
-  //   kv_index[((b' * mask_heads + h') * nI + I) * nJ + t], t < n, ascending: their indices
-  // with nI = ceil(seq_q / block_m), nJ = ceil(seq_k / block_n). Causal still applies inside.
-  const int* kv_count = nullptr;
-  const int* kv_index = nullptr;
+  // A block mask's geometry (its lists: FwdParams::kv_count, BwdParams::q_count): blocks of
+  // block_m query rows x block_n keys (multiples of 128); mask_batch is 1 or batch, mask_heads 1
+  // or heads; mask row (b', h', I) has b' = 0 if mask_batch == 1 else b, h' likewise; nI =
+  // ceil(seq_q / block_m), nJ = ceil(seq_k / block_n). Causal still applies inside.
   int block_m = 128, block_n = 128;
   int mask_batch = 1, mask_heads = 1;
+};
+
+struct FwdParams : Attention {
+  const void* q = nullptr;  // [batch, heads, seq_q, dim], bf16 or fp16
+  const void* k = nullptr;  // [batch, heads_kv, seq_k, dim]
+  const void* v = nullptr;  // [batch, heads_kv, seq_k, dim]
+  void* o = nullptr;        // [batch, heads, seq_q, dim]
+  float* lse = nullptr;     // [batch, heads, seq_q] (dense)
+
+  // Block-sparse (persistent variants only; off when kv_count is null), for mask row (b', h', I):
+  //   n = kv_count[(b' * mask_heads + h') * nI + I]                       visible key blocks
+  //   kv_index[((b' * mask_heads + h') * nI + I) * nJ + t], t < n, ascending: their indices
+  const int* kv_count = nullptr;
+  const int* kv_index = nullptr;
 
   // The persistent variants' work counter: 4 bytes of device memory that make_plan zeroes and
   // every launch leaves zero (the CTA that takes the last item resets it). Launches that share
@@ -128,9 +134,8 @@ struct FwdParams {
   unsigned int* tile_counter = nullptr;
 
   // Trace build (tma_wgmma, intra_overlap and the persistent variants, bf16, dim 128): when
-  // non-null, the first block records %globaltimer stamps here, kTraceWarps x kTraceSlots records
-  // of 4 words {phase (TracePhase, 0 = unused slot), tile, t0_ns, t1_ns}; zero it before the
-  // launch.
+  // non-null, the first block records %globaltimer stamps here, kTraceWarps x kTraceSlots
+  // records {phase (TracePhase, 0 = unused slot), tile, t0_ns, t1_ns}; zero it first.
   unsigned long long* trace = nullptr;
 };
 
@@ -154,18 +159,13 @@ struct FwdPlan {
   alignas(64) unsigned char tensor_maps[3][128];  // CUtensorMap for Q, K, V (opaque here)
   FwdParams params;
   Variant variant = Variant::intra_overlap;
-  const void* kernel = nullptr;  // the instantiation
-  int instantiation = -1;        // its index in the .cu's table of instantiations
+  void (*launcher)(const FwdPlan&, cudaStream_t) = nullptr;  // the chosen instantiation's
   dim3 grid, block;
   int smem_bytes = 0, regs = 0, br = 0, bc = 0, stages = 0;
   int consumers = 2;      // consumer warpgroups (Br / 64)
   int items = 0;          // persistent: work items (query tiles x heads x batch); grid.x CTAs
   int section_heads = 0;  // persistent: heads per L2 section of the schedule
 };
-
-// Whether this variant has an instantiation for the dtype and head dim (64, 128); if not,
-// *why (when non-null) says what exists.
-bool supported(Variant v, bool bf16, int dim, std::string* why);
 
 // Checks the parameters, encodes the tensor maps, sets the kernel's shared-memory limit, and
 // zeroes tile_counter (persistent variants; this waits for the device).
@@ -195,8 +195,7 @@ std::string describe(const FwdPlan& plan);
 //                                               key and for the padding rows
 //   dsum    [batch, heads, rows_padded] fp32    D = rowsum(dO o O), 0 in the padding rows
 // with rows_padded = seq_q rounded up to kBwdRowPad, so that every Q tile's LSE and D rows are
-// one aligned 1-D bulk copy. Block-sparse: q_count / q_index are common/block_mask.hpp's
-// q_block_lists (per mask row (b', h', key block J) the kept query blocks, ascending).
+// one aligned 1-D bulk copy.
 // ---------------------------------------------------------------------------------------------
 
 constexpr int kBwdRowPad = 128;
@@ -207,47 +206,32 @@ enum class BwdVariant {
   tma_reduce,  // staged in shared memory, added by the copy engine (cp.reduce.async.bulk.tensor)
   atomic,      // red.global.add.v4.f32 from registers
 };
-constexpr BwdVariant kAllBwdVariants[] = {BwdVariant::tma_reduce, BwdVariant::atomic};
 const char* bwd_variant_name(BwdVariant v);  // "tma-reduce", "atomic"
 
-struct BwdParams {
-  const void* q = nullptr;     // [batch, heads, seq_q, dim], bf16 or fp16: the forward's Q
-  const void* k = nullptr;     // [batch, heads_kv, seq_k, dim]
-  const void* v = nullptr;     // [batch, heads_kv, seq_k, dim]
-  const void* o = nullptr;     // [batch, heads, seq_q, dim]: the forward's output
-  const void* dout = nullptr;  // [batch, heads, seq_q, dim]
-  const float* lse = nullptr;  // [batch, heads, seq_q]: the forward's, natural log (dense)
-  void* dq = nullptr;          // [batch, heads, seq_q, dim]
-  void* dk = nullptr;          // [batch, heads_kv, seq_k, dim]
-  void* dv = nullptr;          // [batch, heads_kv, seq_k, dim]
-  float* dq_acc = nullptr;     // workspace (above)
+struct BwdParams : Attention {  // Attention: the forward's
+  const void* q = nullptr;      // [batch, heads, seq_q, dim], bf16 or fp16: the forward's Q
+  const void* k = nullptr;      // [batch, heads_kv, seq_k, dim]
+  const void* v = nullptr;      // [batch, heads_kv, seq_k, dim]
+  const void* o = nullptr;      // [batch, heads, seq_q, dim]: the forward's output
+  const void* dout = nullptr;   // [batch, heads, seq_q, dim]
+  const float* lse = nullptr;   // [batch, heads, seq_q]: the forward's, natural log (dense)
+  void* dq = nullptr;           // [batch, heads, seq_q, dim]
+  void* dk = nullptr;           // [batch, heads_kv, seq_k, dim]
+  void* dv = nullptr;           // [batch, heads_kv, seq_k, dim]
+  float* dq_acc = nullptr;      // workspace (above)
   float* lse2 = nullptr;
   float* dsum = nullptr;
-  // Q, K, V, O and dO may be strided views (Strides, above); dQ, dK, dV and
-  // the workspace are dense.
-  Strides q_strides, k_strides, v_strides, o_strides, dout_strides;
-  int batch = 0, heads = 0, heads_kv = 0, seq_q = 0, seq_k = 0, dim = 0;
-  bool bf16 = true;
-  float scale = 0.f;  // > 0: the forward's (with the Q it was given)
-  bool causal = false;
+  // dO may be a strided view too; dQ, dK, dV and the workspace are dense.
+  Strides dout_strides;
   // A caller with a negative softmax scale ran the forward on -Q with |scale|: passing that
   // -Q here and negate_dq = true gives dQ for the original Q (dK, dV need nothing).
   bool negate_dq = false;
 
-  // Dropout: the forward's rate and seed (0 = off).
-  float dropout_p = 0.f;
-  uint64_t dropout_seed = 0;
-
-  // Block-sparse (off when q_count is null). Mask blocks of block_m x block_n (multiples of
-  // 128); mask_batch is 1 or batch, mask_heads 1 or heads. For mask row (b', h', J), with
-  // r = (b' * mask_heads + h') * nJ + J:
-  //   n = q_count[r]                        kept query blocks of key block J
-  //   q_index[r * nI + t], t < n, ascending: their indices
-  // with nI = ceil(seq_q / block_m), nJ = ceil(seq_k / block_n). Causal still applies inside.
+  // Block-sparse (off when q_count is null), for mask row (b', h', J), r = (b' mask_heads + h')
+  // nJ + J: n = q_count[r] kept query blocks of key block J, q_index[r * nI + t] (t < n,
+  // ascending) their indices.
   const int* q_count = nullptr;
   const int* q_index = nullptr;
-  int block_m = 128, block_n = 128;
-  int mask_batch = 1, mask_heads = 1;
 };
 
 struct BwdWorkspace {
@@ -260,14 +244,10 @@ struct BwdPlan {
   alignas(64) unsigned char tensor_maps[5][128];  // CUtensorMap for Q, K, V, dO, dQ_acc
   BwdParams params;
   BwdVariant variant = BwdVariant::tma_reduce;
-  const void* kernel = nullptr;  // the main kernel's instantiation
-  int instantiation = -1;
+  void (*launcher)(const BwdPlan&, cudaStream_t) = nullptr;  // the chosen instantiation's
   dim3 grid, block;
   int smem_bytes = 0, regs = 0, br = 0, bc = 0, stages = 0;
 };
-
-// Head dims 64 and 128, bf16 and fp16; if not, *why (when non-null) says what exists.
-bool bwd_supported(bool bf16, int dim, std::string* why);
 
 // Checks the parameters, encodes the tensor maps, sets the main kernel's shared-memory limit.
 // Throws std::invalid_argument for unsupported parameters, std::runtime_error on CUDA errors.
@@ -275,9 +255,6 @@ BwdPlan make_bwd_plan(const BwdParams& p, BwdVariant v = BwdVariant::tma_reduce)
 
 // Enqueues pre-pass, main kernel and post-pass on `stream`, checking each launch.
 void launch_bwd(const BwdPlan& plan, cudaStream_t stream = 0);
-
-// The main kernel alone (for timing it; it adds to dq_acc, so run launch_bwd for results).
-void launch_bwd_main(const BwdPlan& plan, cudaStream_t stream = 0);
 
 // "bwd tma-reduce bf16 d=128 Bc=128 Br=64 threads=384 ..."
 std::string describe(const BwdPlan& plan);

@@ -1,10 +1,11 @@
-// SPDX-License-Identifier: MIT (LICENSE). Follows the published structure of
-// FlashAttention-2 (T. Dao, 2023, arXiv:2307.08691, Algorithm 2) on the machinery of
-// FlashAttention-3 (Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao, 2024, arXiv:2407.08608).
 // Step 07 — FlashAttention's backward pass on Hopper: TMA, wgmma, a producer warpgroup, dQ
 // accumulated by TMA reduce-add (or vector atomics). sm_90a, bf16/fp16, head dims 64 and 128.
 //
-// The algorithm is step 06's backward (FlashAttention-2, Dao 2023, Algorithm 2) in three kernels:
+// SPDX-License-Identifier: MIT (LICENSE). Follows the published structure of
+// FlashAttention-2 (T. Dao, 2023, arXiv:2307.08691, Algorithm 2) on the machinery of
+// FlashAttention-3 (Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao, 2024, arXiv:2407.08608).
+//
+// The algorithm is step 06's backward in three kernels:
 //
 //   pre-pass  D_i = rowsum(dO_i o O_i) (fp32); L_i = LSE_i log2(e), +inf where LSE_i = -inf;
 //             zero the fp32 dQ accumulator
@@ -14,13 +15,11 @@
 //             registers and add dS K_j to the fp32 dQ_i of the other CTAs' tiles
 //   post-pass dQ = scale dQ_acc, rounded to T
 //
-// What changes from step 06 is the machinery (the forward's, wgmma_tma_fa3.cu):
-//   - a producer warpgroup: warp 0 streams Q_i (+ L_i) and dO_i (+ D_i) by TMA and 1-D bulk copies
-//     into a 2-stage ring of full/empty mbarriers; warp 1 (tma-reduce variant) adds each item's
-//     dQ tile to global memory with cp.reduce.async.bulk.tensor (the copy engine adds at the L2);
-//   - two consumer warpgroups (setmaxnreg 24 / 240); warpgroup w owns keys 64w .. 64w+63 of the
-//     tile and keeps their dK, dV (fp32) in registers for the whole CTA;
-//   - every product is a wgmma.
+// What changes from step 06 is the machinery (the forward's): a producer warpgroup streams Q_i
+// (+ L_i) and dO_i (+ D_i) into a 2-stage ring and adds each item's dQ tile to global memory
+// with TMA reduce-add (the atomic variant: red.global.add.v4.f32 from registers, step 06's
+// path); two consumer warpgroups (setmaxnreg 24 / 240), warpgroup w owning keys 64w .. 64w+63
+// of the tile, keep their dK, dV (fp32) in registers for the whole CTA; every product is a wgmma.
 //
 // Which products are transposed, and why. A warpgroup owns 64 KEY rows, so it computes the
 // transposed products S^T = K_w Q_i^T and dP^T = V_w dO_i^T (M = 64 keys, N = Br queries, both
@@ -37,36 +36,13 @@
 //   d = 64:  Br = 128. dK, dV 32 + 32, S^T and dP^T 64 + 64; dQ split by rows (warpgroup w:
 //            queries 64w .., all 64 columns). Either way every wgmma of dQ is 64 x 64 x 16.
 //
-// Per item x, in each consumer warpgroup (the loop body; S^T_x, dP^T_x and P^T_x were done at the
-// end of the previous iteration):
-//   wait dP^T_x -> dS^T = P^T o (dP^T - D_i) (fp32, then both P^T and dS^T as 16-bit A fragments)
-//   issue dV += P^T dO_i, dK += dS^T Q_i
-//   dS^T -> shared memory; fence.proxy.async; named barrier (both warpgroups); issue dQ = dS K_j
-//   wait dV, dK -> release the Q/dO stage to the producer
-//   issue S^T_{x+1} = K_w Q_{x+1}^T; wait dQ_x -> dQ out (the stores run under S^T_{x+1})
-//   wait S^T_{x+1}; issue dP^T_{x+1} = V_w dO_{x+1}^T; P^T_{x+1} = exp2(S^T scale log2e - L)
-//   (the exps run under dP^T_{x+1}) -> loop edge
-// then dK *= scale, and dK, dV stored. The dS^T buffer is double-buffered: a warpgroup writes
-// buffer x % 2 of item x only after passing the barrier of item x - 1, which the other warpgroup
-// reaches only after its own dQ of item x - 2 (the last reader of that buffer) has completed.
-// The two warpgroups run in step (the barrier), and their products share the tensor cores.
-//
-// dQ out, two variants (a template flag):
-//   tma-reduce  the warpgroup stores its fp32 64 x 64 part into a swizzled staging tile (waiting
-//               first for the writer to have read the previous one: dq_empty), fences, and
-//               arrives on dq_full; producer warp 1 issues two cp.reduce.async.bulk.tensor boxes
-//               of 64 rows x 32 columns, waits until they have been read and arrives on dq_empty.
-//               Rows past seq_q are clipped by the copy engine.
-//   atomic      lanes t, t ^ 1 swap halves so each holds 4 adjacent floats, then
-//               red.global.add.v4.f32 straight from registers (step 06's dQ path).
-//
-// Dropout and block-sparse masks live in a separate instantiation (kExtras), as in the forward.
+// The consumers' schedule per item is at their loop (bwd_consumer.cuh). Dropout and
+// block-sparse masks live in a separate instantiation (kExtras), as in the forward.
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes through the runtime
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <climits>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -186,10 +162,6 @@ __global__ void __launch_bounds__(256)
 
 // ---- host side ---------------------------------------------------------------------------------
 
-void require(bool ok, const std::string& what) {
-  if (!ok) throw std::invalid_argument("step 07 backward: " + what);
-}
-
 int rows_padded(int seq_q) {
   return (seq_q + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad;
 }
@@ -214,16 +186,9 @@ KParams kernel_params(const BwdParams& f, int br) {
   return k;
 }
 
+// Pre-pass, main kernel and post-pass of one instantiation, each launch checked.
 template <class T, int D, bool kDqTma, bool kExtras>
-void launch_main_as(const BwdPlan& plan, cudaStream_t stream) {
-  CUtensorMap maps[5];
-  std::memcpy(maps, plan.tensor_maps, sizeof(maps));
-  fa3_bwd_kernel<T, D, kDqTma, kExtras><<<plan.grid, plan.block, plan.smem_bytes, stream>>>(
-      maps[0], maps[1], maps[2], maps[3], maps[4], kernel_params(plan.params, Cfg<D>::kBr));
-}
-
-template <class T, int D>
-void launch_prepass_as(const BwdPlan& plan, cudaStream_t stream) {
+void launch_as(const BwdPlan& plan, cudaStream_t stream) {
   const BwdParams& f = plan.params;
   const int bh = f.batch * f.heads, m_pad = rows_padded(f.seq_q);
   const int64_t rows = int64_t(bh) * m_pad;
@@ -233,81 +198,35 @@ void launch_prepass_as(const BwdPlan& plan, cudaStream_t stream) {
           resolved(f.o_strides, f.heads, f.seq_q, f.dim),
           resolved(f.dout_strides, f.heads, f.seq_q, f.dim), f.lse, f.lse2, f.dsum, f.dq_acc,
           f.heads, bh, f.seq_q, m_pad);
-}
-
-template <class T, int D>
-void launch_postpass_as(const BwdPlan& plan, cudaStream_t stream) {
-  const BwdParams& f = plan.params;
+  CUDA_CHECK_LAUNCH();
+  CUtensorMap maps[5];
+  std::memcpy(maps, plan.tensor_maps, sizeof(maps));
+  fa3_bwd_kernel<T, D, kDqTma, kExtras><<<plan.grid, plan.block, plan.smem_bytes, stream>>>(
+      maps[0], maps[1], maps[2], maps[3], maps[4], kernel_params(f, Cfg<D>::kBr));
+  CUDA_CHECK_LAUNCH();
   const int64_t n4 = int64_t(f.batch) * f.heads * f.seq_q * D / 4;
   const int64_t blocks = (n4 + 255) / 256;
   bwd_postpass_kernel<T><<<unsigned(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(
       f.dq_acc, static_cast<T*>(f.dq), n4, f.negate_dq ? -f.scale : f.scale);
+  CUDA_CHECK_LAUNCH();
 }
 
+// One instantiation, as make_bwd_plan sees it.
 struct Entry {
-  const void* fn = nullptr;
-  void (*main)(const BwdPlan&, cudaStream_t) = nullptr;
-  void (*prepass)(const BwdPlan&, cudaStream_t) = nullptr;
-  void (*postpass)(const BwdPlan&, cudaStream_t) = nullptr;
-  int smem = 0, br = 0;
+  const void* fn;
+  void (*launch)(const BwdPlan&, cudaStream_t);
+  int smem, br;
 };
-
 template <class T, int D, bool kDqTma, bool kExtras>
 Entry entry() {
   return {reinterpret_cast<const void*>(&fa3_bwd_kernel<T, D, kDqTma, kExtras>),
-          &launch_main_as<T, D, kDqTma, kExtras>,
-          &launch_prepass_as<T, D>,
-          &launch_postpass_as<T, D>,
-          Cfg<D>::kDynamic,
-          Cfg<D>::kBr};
-}
-
-// Instantiation ids: (fp16 ? 4 : 0) + (d == 128 ? 2 : 0) + (atomic ? 1 : 0), + 8 with dropout
-// and block-sparse compiled in.
-int instantiation_id(BwdVariant v, bool is_bf16, int dim, bool extras) {
-  return (extras ? 8 : 0) + (is_bf16 ? 0 : 4) + (dim == 128 ? 2 : 0) +
-         (v == BwdVariant::atomic ? 1 : 0);
-}
-
-// The one table that picks the instantiation, indexed by instantiation_id().
-constexpr Entry (*kEntries[])() = {
-    &entry<bf16, 64, true, false>,    // 0
-    &entry<bf16, 64, false, false>,   // 1
-    &entry<bf16, 128, true, false>,   // 2
-    &entry<bf16, 128, false, false>,  // 3
-    &entry<fp16, 64, true, false>,    // 4
-    &entry<fp16, 64, false, false>,   // 5
-    &entry<fp16, 128, true, false>,   // 6
-    &entry<fp16, 128, false, false>,  // 7
-    &entry<bf16, 64, true, true>,     // 8
-    &entry<bf16, 64, false, true>,    // 9
-    &entry<bf16, 128, true, true>,    // 10
-    &entry<bf16, 128, false, true>,   // 11
-    &entry<fp16, 64, true, true>,     // 12
-    &entry<fp16, 64, false, true>,    // 13
-    &entry<fp16, 128, true, true>,    // 14
-    &entry<fp16, 128, false, true>,   // 15
-};
-Entry select(int id) {
-  return id >= 0 && id < int(sizeof(kEntries) / sizeof(kEntries[0])) ? kEntries[id]() : Entry{};
+          &launch_as<T, D, kDqTma, kExtras>, Cfg<D>::kDynamic, Cfg<D>::kBr};
 }
 
 }  // namespace
 
 const char* bwd_variant_name(BwdVariant v) {
-  switch (v) {
-    case BwdVariant::tma_reduce:
-      return "tma-reduce";
-    case BwdVariant::atomic:
-      return "atomic";
-  }
-  return "?";
-}
-
-bool bwd_supported(bool, int dim, std::string* why) {
-  if (dim == 64 || dim == 128) return true;
-  if (why) *why = "the backward has head dims 64 and 128 (bf16 and fp16, both dQ variants)";
-  return false;
+  return v == BwdVariant::atomic ? "atomic" : "tma-reduce";
 }
 
 BwdWorkspace bwd_workspace(const BwdParams& p) {
@@ -320,83 +239,43 @@ BwdWorkspace bwd_workspace(const BwdParams& p) {
 }
 
 BwdPlan make_bwd_plan(const BwdParams& f, BwdVariant v) {
-  std::string why;
-  require(bwd_supported(f.bf16, f.dim, &why), why);
-  require(f.batch >= 1 && f.heads >= 1 && f.heads_kv >= 1 && f.seq_q >= 1 && f.seq_k >= 1,
-          "batch, heads, heads_kv, seq_q, seq_k must be >= 1");
-  require(f.heads % f.heads_kv == 0, "heads must be a multiple of heads_kv");
-  require(f.batch <= 65535 && f.heads_kv <= 65535, "batch and heads_kv are grid dimensions");
-  require(f.seq_q <= (1 << 30) && f.seq_k <= (1 << 30), "seq_q, seq_k <= 2^30");
-  require(std::isfinite(f.scale) && f.scale > 0.f,
-          "scale must be finite and > 0 (negate Q for a negative scale, and set negate_dq)");
-  require(f.q && f.k && f.v && f.o && f.dout && f.lse && f.dq && f.dk && f.dv && f.dq_acc &&
-              f.lse2 && f.dsum,
-          "null pointer");
-  for (const void* ptr :
-       {f.q, f.k, f.v, f.o, f.dout, static_cast<const void*>(f.dq), static_cast<const void*>(f.dk),
-        static_cast<const void*>(f.dv), static_cast<const void*>(f.dq_acc),
-        static_cast<const void*>(f.lse2), static_cast<const void*>(f.dsum)})
-    require(reinterpret_cast<uintptr_t>(ptr) % 16 == 0,
-            "Q, K, V, O, dO, dQ, dK, dV and the workspace must be 16-byte aligned");
-  for (const Strides& s : {f.q_strides, f.k_strides, f.v_strides, f.o_strides, f.dout_strides})
-    require(strides_ok(s), strides_rule());
-  require(f.dropout_p >= 0.f && f.dropout_p < 1.f, "dropout_p must be in [0, 1)");
+  const char* who = "step 07 backward";
   const bool sparse = f.q_count != nullptr;
-  const bool extras = sparse || f.dropout_p > 0.f;
-  if (sparse) {
-    require(f.q_index != nullptr, "q_count without q_index");
-    require(f.block_m > 0 && f.block_m % 128 == 0 && f.block_n > 0 && f.block_n % 128 == 0,
-            "mask blocks must be multiples of 128 x 128");
-    require(f.mask_batch == 1 || f.mask_batch == f.batch, "mask_batch must be 1 or batch");
-    require(f.mask_heads == 1 || f.mask_heads == f.heads, "mask_heads must be 1 or heads");
-  }
-
-  require_sm90("step 07 backward");
+  check_params(f, who, {f.q, f.k, f.v, f.o, f.dout, f.dq, f.dk, f.dv, f.dq_acc, f.lse2, f.dsum},
+               sparse);
+  require(strides_ok(f.dout_strides), who, "every stride of dO must be a multiple of 8 elements");
+  require(!sparse || f.q_index != nullptr, who, "q_count without q_index");
+  require_sm90(who);
 
   BwdPlan plan{};
   plan.params = f;
   plan.variant = v;
-  plan.instantiation = instantiation_id(v, f.bf16, f.dim, extras);
-  const Entry e = select(plan.instantiation);
-  require(e.fn != nullptr, "no instantiation");
-  plan.kernel = e.fn;
+  const bool extras = sparse || f.dropout_p > 0.f;
+  // The instantiation: (dtype, head dim, dQ variant, dropout and block-sparse compiled in).
+  const Entry e = with_type_and_dim(f.bf16, f.dim, [&](auto t, auto d) {
+    using T = decltype(t);
+    constexpr int D = decltype(d)::value;
+    const bool tma = v == BwdVariant::tma_reduce;
+    if (extras) return tma ? entry<T, D, true, true>() : entry<T, D, false, true>();
+    return tma ? entry<T, D, true, false>() : entry<T, D, false, false>();
+  });
+  plan.launcher = e.launch;
   plan.grid = dim3(unsigned((f.seq_k + kBc - 1) / kBc), unsigned(f.heads_kv), unsigned(f.batch));
   plan.block = dim3(unsigned(kThreads));
   plan.smem_bytes = e.smem;
   plan.br = e.br, plan.bc = kBc, plan.stages = kStages;
-  const CUtensorMapDataType t16 =
-      f.bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const int bh = f.batch * f.heads;
-  encode_4d(plan.tensor_maps[0], f.q, t16, f.dim, f.seq_q, f.heads, f.batch,
-            resolved(f.q_strides, f.heads, f.seq_q, f.dim), e.br);
-  encode_4d(plan.tensor_maps[1], f.k, t16, f.dim, f.seq_k, f.heads_kv, f.batch,
-            resolved(f.k_strides, f.heads_kv, f.seq_k, f.dim), kBc);
-  encode_4d(plan.tensor_maps[2], f.v, t16, f.dim, f.seq_k, f.heads_kv, f.batch,
-            resolved(f.v_strides, f.heads_kv, f.seq_k, f.dim), kBc);
-  encode_4d(plan.tensor_maps[3], f.dout, t16, f.dim, f.seq_q, f.heads, f.batch,
-            resolved(f.dout_strides, f.heads, f.seq_q, f.dim), e.br);
-  encode_3d(plan.tensor_maps[4], f.dq_acc, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, f.dim, f.seq_q, bh,
-            32, 64);
+  encode_4d(plan.tensor_maps[0], f, f.q, f.heads, f.seq_q, f.q_strides, e.br);
+  encode_4d(plan.tensor_maps[1], f, f.k, f.heads_kv, f.seq_k, f.k_strides, kBc);
+  encode_4d(plan.tensor_maps[2], f, f.v, f.heads_kv, f.seq_k, f.v_strides, kBc);
+  encode_4d(plan.tensor_maps[3], f, f.dout, f.heads, f.seq_q, f.dout_strides, e.br);
+  encode_dq_acc(plan.tensor_maps[4], f.dq_acc, f.dim, f.seq_q, f.batch * f.heads);
   plan.regs = set_smem_limit(e.fn, e.smem);
   return plan;
 }
 
 void launch_bwd(const BwdPlan& plan, cudaStream_t stream) {
-  const Entry e = select(plan.instantiation);
-  if (!e.main) throw std::invalid_argument("step 07 backward: launch of an empty plan");
-  e.prepass(plan, stream);
-  CUDA_CHECK_LAUNCH();
-  e.main(plan, stream);
-  CUDA_CHECK_LAUNCH();
-  e.postpass(plan, stream);
-  CUDA_CHECK_LAUNCH();
-}
-
-void launch_bwd_main(const BwdPlan& plan, cudaStream_t stream) {
-  const Entry e = select(plan.instantiation);
-  if (!e.main) throw std::invalid_argument("step 07 backward: launch of an empty plan");
-  e.main(plan, stream);
-  CUDA_CHECK_LAUNCH();
+  if (!plan.launcher) throw std::invalid_argument("step 07 backward: launch of an empty plan");
+  plan.launcher(plan, stream);
 }
 
 std::string describe(const BwdPlan& plan) {
@@ -406,7 +285,7 @@ std::string describe(const BwdPlan& plan) {
     << " threads=" << plan.block.x << " (producer + 2 consumer warpgroups) smem=" << plan.smem_bytes
     << " regs=" << plan.regs << " setmaxnreg=" << kProducerRegs << "/" << kConsumerRegs
     << " stages=" << plan.stages;
-  if (plan.instantiation >= 8) s << " extras=dropout+block-sparse";
+  if (plan.params.q_count || plan.params.dropout_p > 0.f) s << " extras=dropout+block-sparse";
   return s.str();
 }
 
