@@ -485,9 +485,10 @@ int run_trace(const char* path) {
 // ---- --expect-fault: the self-test of the self-test
 // ----------------------------------------------
 
-// For a copy built with -DLADDER_07_FAULT=skip_k_wait (wgmma_tma_fa3.cu says what it does): the
-// kRingWraps case, bf16, both head dims, every variant. The same case passes in the normal build
-// (step 2), so a failure here is the fault's doing. Success = every one of these checks fails.
+// For a copy built with -DLADDER_07_FAULT=skip_k_wait (fwd_params.cuh says what it does): the
+// kRingWraps case, bf16, both head dims, every TMA variant. The same case passes in the normal
+// build (step 2), so a failure here is the fault's doing. Success = every one of these checks
+// fails.
 int run_expect_fault() {
   int caught = 0, missed = 0;
   bool fault_built = false;
@@ -498,10 +499,11 @@ int run_expect_fault() {
     for (const Variant v : all_variants()) {
       const char* name = ladder::fa3::variant_name(v);
       if (v == Variant::wgmma) {  // no mbarrier wait to move: nothing to inject
-        std::printf("SKIP   %-18s its K/V copies are cp.async by the computing threads, a tile "
-                    "ahead and waited for by wait_group and a block barrier: the fault (a TMA "
-                    "copy's full-barrier wait moved after the S GEMM) does not exist in it\n",
-                    name);
+        std::printf(
+            "SKIP   %-18s its K/V copies are cp.async by the computing threads, a tile "
+            "ahead and waited for by wait_group and a block barrier: the fault (a TMA "
+            "copy's full-barrier wait moved after the S GEMM) does not exist in it\n",
+            name);
         continue;
       }
       FwdPlan plan;
