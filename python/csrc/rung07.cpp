@@ -279,10 +279,6 @@ cudaError_t backward_as(const BwdArgs& a, cudaStream_t stream) {
   return backward(a, stream, kBf16);
 }
 
-// Mask blocks: multiples of 128 x 128, make_plan's rule (the kernels with dropout or a block
-// mask run Br = Bc = 128; the backward's Br, 64 or 128, divides it).
-constexpr int kMaskBlock = 128;
-
 // One entry per (dtype, d) of the step's capability table: the step picks the instantiation
 // from the parameters at run time.
 RungKernels entry(DType dtype, int dim) {
@@ -293,7 +289,8 @@ RungKernels entry(DType dtype, int dim) {
   k.bwd_row_pad = fa3::kBwdRowPad;
   k.strides = true;  // 4-D tensor maps: Q, K, V, O and dO read and written through Strides
   k.dropout = fa3::is_persistent(kVariant);  // the persistent kernels have the features
-  if (k.dropout) k.mask_block_q = k.mask_block_k = kMaskBlock;
+  // Mask blocks: multiples of the step's kMaskBlock, make_plan's rule.
+  if (k.dropout) k.mask_block_q = k.mask_block_k = ladder::step07::kMaskBlock;
   k.forward = bf16 ? &forward_as<true> : &forward_as<false>;
   k.backward = bf16 ? &backward_as<true> : &backward_as<false>;
   return k;

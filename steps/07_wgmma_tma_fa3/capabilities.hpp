@@ -9,5 +9,8 @@ namespace ladder::step07 {
 
 inline constexpr DType kDTypes[] = {DType::bf16, DType::f16};  // bf16: the default
 using HeadDims = Dims<64, 128>;                                // forward and backward
+// Dropout and block masks are built into the persistent kernels (two consumers: Br = Bc = 128,
+// and the backward's 128 keys), so a mask block is a multiple of 128 x 128.
+constexpr int kMaskBlock = 128;
 
 }  // namespace ladder::step07

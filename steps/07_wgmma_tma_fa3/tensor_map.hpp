@@ -15,6 +15,7 @@
 #include <string>
 #include <type_traits>
 
+#include "capabilities.hpp"
 #include "cuda_util.cuh"
 #include "wgmma_tma_fa3.hpp"
 
@@ -54,9 +55,10 @@ inline bool strides_ok(const Strides& s) {
 template <class P>
 void check_params(const P& f, const char* who, std::initializer_list<const void*> tensors,
                   bool sparse) {
-  require(f.dim == 64 || f.dim == 128, who,
-          "head dims 64 and 128 (bf16 and fp16); 256 is not built: its O alone is 128 fp32 "
-          "registers per consumer thread, which with S needs smaller key tiles");
+  require(step07::HeadDims::has(f.dim), who,
+          "head dims " + step07::HeadDims::str() +
+              " (bf16 and fp16); 256 is not built: its O alone is 128 fp32 registers per "
+              "consumer thread, which with S needs smaller key tiles");
   require(f.batch >= 1 && f.heads >= 1 && f.heads_kv >= 1 && f.seq_q >= 1 && f.seq_k >= 1, who,
           "batch, heads, heads_kv, seq_q, seq_k must be >= 1");
   require(f.heads % f.heads_kv == 0, who, "heads must be a multiple of heads_kv");
@@ -77,8 +79,9 @@ void check_params(const P& f, const char* who, std::initializer_list<const void*
             "the head dim contiguous");
   require(f.dropout_p >= 0.f && f.dropout_p < 1.f, who, "dropout_p must be in [0, 1)");
   if (!sparse) return;
-  require(f.block_m > 0 && f.block_m % 128 == 0 && f.block_n > 0 && f.block_n % 128 == 0, who,
-          "mask blocks must be multiples of 128 x 128");
+  constexpr int kB = step07::kMaskBlock;
+  require(f.block_m > 0 && f.block_m % kB == 0 && f.block_n > 0 && f.block_n % kB == 0, who,
+          "mask blocks must be multiples of " + std::to_string(kB) + " x " + std::to_string(kB));
   require(f.mask_batch == 1 || f.mask_batch == f.batch, who, "mask_batch must be 1 or batch");
   require(f.mask_heads == 1 || f.mask_heads == f.heads, who, "mask_heads must be 1 or heads");
 }
