@@ -26,6 +26,7 @@ import csv
 import os
 import statistics
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -125,6 +126,7 @@ def time_steps(args) -> int:
                 ratio_to_sdpa=f"{ms / base:.3f}" if base else "",
                 steps=len(times[attn]),
                 **{k.replace(".", "_"): v for k, v in counters().items()},
+                run=args.run_id,
             )
             rows.append(row)
             print(
@@ -192,6 +194,11 @@ def main() -> int:
     t.add_argument("--steps", type=int, default=20, help="timed steps per round")
     t.add_argument("--warmup", type=int, default=5)
     t.add_argument("--csv", default="", help="append the rows to this CSV")
+    t.add_argument(
+        "--run-id",
+        default=f"gpt-{os.getpid()}-{int(time.time())}",
+        help="the run column: one id per process, so that a ratio pairs rows of one process",
+    )
     p = sub.add_parser("profile")
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--attn", nargs="+", default=["sdpa", "rung7"])
