@@ -26,8 +26,8 @@ import csv
 import os
 import statistics
 import subprocess
-import time
 import sys
+import time
 from pathlib import Path
 
 import torch
