@@ -1,13 +1,14 @@
 // The steps of step 06's backward main kernel (backward_kernel, tensor_core_fa2_backward.cuh),
-// inlined into it; the masks are in masks.cuh, and the kernel writes out dropout's Z and the
-// products dV_j += P^T dO_i, dK_j += dS^T Q_i. An item is one (query head of the GQA group, Q
-// tile i); per warp, the C fragments of its 16 keys x the item's Br queries.
+// inlined into it; the masks are in masks.cuh, and the kernel writes out dropout's Z. An item
+// is one (query head of the GQA group, Q tile i); per warp, the C fragments of its 16 keys x the
+// item's Br queries.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 
 #include "dropout.hpp"
 #include "exercise.hpp"
+#include "masks.cuh"
 #include "mma.cuh"
 #include "tiles.cuh"
 
@@ -38,10 +39,68 @@ __device__ __forceinline__ void warp_rows_abt(float (&c)[kNT][4], const T* a, in
   }
 }
 
-// An item: one (query head of the GQA group, Q tile i).
+// An item: one (query head of the GQA group, Q tile i). The kernel copies one field by field
+// (prev.i0 = cur.i0, prev.bh = cur.bh): as a struct copy, the compiler orders the item loop's phi
+// nodes otherwise, and ptxas assigns other registers.
 struct BwdItem {
   size_t bh;  // batch * heads + query head
   int i0;     // first query row of the tile
+};
+
+// The items of the block of K/V tile j0, query head hk * group .. hk * group + group - 1 of the
+// group in turn: each head's Q tiles that see a key of the tile, from i_first on (under the
+// bottom-right causal mask, key j visible to query i iff j <= i + N - M, rows i < j0 - (N - M)
+// see none: their tiles are skipped), or, block-sparse, of those only the Q tiles of the kept
+// query blocks in the head's mask row for this key block (q_block_lists, KeptItems). A
+// constructor, not aggregate initialisation, which would zero walk and bh0 for nothing.
+template <int kBr, bool kSparse, class Args>
+struct ItemWalk {
+  const Args& p;
+  const int& b;
+  const int& hk;
+  const int& M;
+  const int tiles_q, i_first;
+  KeptItems walk;
+  size_t bh0;  // the group's first query head
+
+  __device__ __forceinline__ ItemWalk(const Args& p, const int& b, const int& hk, const int& j0,
+                                      const int& M, const int& N)
+      : p(p),
+        b(b),
+        hk(hk),
+        M(M),
+        tiles_q((M + kBr - 1) / kBr),
+        i_first(p.causal ? max(0, j0 - (N - M)) / kBr : 0) {}
+  __device__ __forceinline__ int count() {
+    if constexpr (kSparse)
+      return walk.count(p, b, hk, i_first, tiles_q);
+    else
+      return p.group * (tiles_q - i_first);
+  }
+  __device__ __forceinline__ BwdItem first(int n_items) {
+    BwdItem it = {size_t(b) * p.heads + size_t(hk) * p.group, i_first * kBr};
+    bh0 = it.bh;
+    if constexpr (kSparse) {
+      if (n_items > 0) {
+        walk.first(p, b, hk, i_first, tiles_q);
+        it.bh = bh0 + walk.head, it.i0 = walk.kept.tile * kBr;
+      }
+    }
+    return it;
+  }
+  // The item after it (block-sparse: only while another one is left, `more`).
+  __device__ __forceinline__ BwdItem next(BwdItem it, bool more) {
+    if constexpr (kSparse) {
+      if (more) {
+        walk.next(p, b, hk, i_first, tiles_q);
+        it.bh = bh0 + walk.head, it.i0 = walk.kept.tile * kBr;
+      }
+    } else {
+      it.i0 += kBr;
+      if (it.i0 >= M) it.i0 = i_first * kBr, ++it.bh;
+    }
+    return it;
+  }
 };
 
 // dK_j = dV_j = 0.
@@ -72,10 +131,10 @@ __device__ __forceinline__ void load_item(const BwdItem& it, int s, T* sQ, T* sd
 }
 
 // ---- the item loop's steps that hold references ----
-// RecomputeP and DsTile hold references to the kernel's values, as step 07's ItemSteps does:
-// written so, inlined, they hand ptxas the code the item loop had with them written out in it,
-// where the same steps as functions of by-value arguments (or lambdas) changed its register
-// allocation in some instantiations.
+// RecomputeP, DsTile and DvDk (and ItemWalk, above) hold references to the kernel's values, as
+// step 07's ItemSteps does: written so, inlined, they hand ptxas the code the item loop had with
+// them written out in it, where the same steps as functions of by-value arguments (or lambdas)
+// changed its register allocation in some instantiations.
 
 // P^T from S^T, recomputed from the saved L_i = LSE_i log2(e) (sLi: the item's stage), rounded
 // to T and packed in pairs: p_t[nt][rh] holds key w_row0 + g + 8 rh, queries 8 nt + 2t and
@@ -168,6 +227,14 @@ struct DsTile {
   }
 };
 
+// The A fragment of k-step kk (k = the Br queries) from a warp's C tiles 2kk, 2kk + 1 of P^T
+// or dS^T, packed in T (p_t, ds_t), as P in the forward: a = {tile 2kk rows g, tile 2kk rows
+// g + 8, tile 2kk + 1 rows g, tile 2kk + 1 rows g + 8}.
+template <int kNT>
+__device__ __forceinline__ void tile_pair_a(uint32_t (&a)[4], const uint32_t (&c)[kNT][2], int kk) {
+  a[0] = c[2 * kk][0], a[1] = c[2 * kk][1], a[2] = c[2 * kk + 1][0], a[3] = c[2 * kk + 1][1];
+}
+
 // dS^T into shared memory for the dQ product: the A fragment ads of k-step kk (as dV_j, dK_j
 // read it) at key rows g, g + 8 (r & 1) of the warp's 16, queries 16kk + 8 (r >> 1) + 2t.
 template <class C, class T>
@@ -179,6 +246,34 @@ __device__ __forceinline__ void store_ds_t(T* sdSx, const uint32_t (&ads)[4], in
     *reinterpret_cast<uint32_t*>(
         sdSx + DSL::at(w_row0 + g + 8 * (r & 1), kk * 16 + 8 * (r >> 1) + 2 * t)) = ads[r];
 }
+
+// dV_j += P^T dO_i and dK_j += dS^T Q_i, k-step kk of the Br queries: A = ap (P^T) and ads
+// (dS^T) from tile_pair_a; B[k = query][n = d] = dO_i[query][d] (Q_i[query][d]): stored [k][n],
+// ldmatrix.trans.
+template <class C, class T>
+struct DvDk {
+  static constexpr int kDT = C::kD / 8;
+  float (&acc_dv)[kDT][4];
+  float (&acc_dk)[kDT][4];
+  const T* const& sdOi;
+  const T* const& sQi;
+  const int& lane;
+
+  __device__ __forceinline__ void operator()(const uint32_t (&ap)[4], const uint32_t (&ads)[4],
+                                             const int& kk) const {
+    using QKV = typename C::QKV;
+#pragma unroll
+    for (int nd = 0; nd < kDT; nd += 2) {
+      uint32_t bo[4], bq[4];
+      load_b_kn<QKV, true>(bo, sdOi, kk * 16, nd * 8, lane);
+      mma_16816<T>(acc_dv[nd], ap, bo[0], bo[1]);
+      mma_16816<T>(acc_dv[nd + 1], ap, bo[2], bo[3]);
+      load_b_kn<QKV, true>(bq, sQi, kk * 16, nd * 8, lane);
+      mma_16816<T>(acc_dk[nd], ads, bq[0], bq[1]);
+      mma_16816<T>(acc_dk[nd + 1], ads, bq[2], bq[3]);
+    }
+  }
+};
 
 // dQ_i += dS K_j for an item (dS^T in buf), the product: a kDQRows x kDQCols part per warp
 // (warp wq of the rows, wd of the columns), k = the Bc keys.

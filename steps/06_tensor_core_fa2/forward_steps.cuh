@@ -11,6 +11,7 @@
 #include "dropout.hpp"
 #include "exercise.hpp"
 #include "mma.cuh"
+#include "tiles.cuh"
 
 namespace ladder::step06 {
 
@@ -28,6 +29,14 @@ __device__ __forceinline__ void init_rows(float (&acc_o)[C::kSlices][C::kD / 8][
 #pragma unroll
     for (int rh = 0; rh < 2; ++rh) row_m[mi][rh] = -INFINITY, row_l[mi][rh] = 0.f;
   }
+}
+
+// K_j and V_j (rows row0.. of K and V, N in all) into the tiles of one stage, sK and sV.
+template <class C, class T>
+__device__ __forceinline__ void load_kv(T* sK, T* sV, const T* K, const T* V, int row0, int N,
+                                        int tid) {
+  load_tile<C, C::kBc>(sK, K, row0, N, tid);
+  load_tile<C, C::kBc>(sV, V, row0, N, tid);
 }
 
 // S = 0, before the k-steps of S = Q_i K_j^T accumulate into it.

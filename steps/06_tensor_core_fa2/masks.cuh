@@ -96,6 +96,12 @@ struct KeptTiles {
     ++next, --remaining;
     if (remaining > 0) upcoming = __ldg(next);
   }
+  // The forward's walk: Q tile q_tile's mask row of query head h of batch b, from tile 0.
+  __device__ __forceinline__ void begin_q_tile(const FwdFeatureArgs& p, int b, int h, int q_tile) {
+    const size_t row =
+        size_t(b) * p.mask_bstride + size_t(h) * p.mask_hstride + q_tile / p.mask_q_tiles;
+    begin(p.blk_index + row * p.mask_k_blocks, p.blk_count[row], p.mask_k_tiles, 0);
+  }
   __device__ __forceinline__ void advance(int sub) {
     if (++tile < block_end) return;
     if (remaining == 0) {

@@ -128,20 +128,14 @@ __global__ void __launch_bounds__(FwdConfig<T, D, kFlags>::kThreads)
   // of this Q tile's mask row below n_tiles. j is the tile, x counts the tiles visited.
   int j = 0;
   [[maybe_unused]] KeptTiles kept;
-  if constexpr (kSparse) {
-    const size_t row =
-        size_t(b) * p.mask_bstride + size_t(h) * p.mask_hstride + (i0 / kBr) / p.mask_q_tiles;
-    kept.begin(p.blk_index + row * p.mask_k_blocks, p.blk_count[row], p.mask_k_tiles, 0);
-    j = kept.tile;
-  }
+  if constexpr (kSparse) kept.begin_q_tile(p, b, h, i0 / kBr), j = kept.tile;
   // Dropout's Philox counter is (32 * key 16-block + lane, query 16-block, h, b): the query
   // 16-block of slice mi is q16 + mi.
   [[maybe_unused]] const uint32_t q16 = uint32_t(i0 + w_row0) / 16u;
 
   if (j < n_tiles) {
     load_tile<C, kBr>(sQ, Q, i0, M, tid);
-    load_tile<C, kBc>(sK, K, j * kBc, N, tid);
-    load_tile<C, kBc>(sV, V, j * kBc, N, tid);
+    load_kv<C>(sK, sV, K, V, j * kBc, N, tid);
     if constexpr (C::kAsync) cp_async_commit();
 
     for (int x = 0; j < n_tiles; ++x) {
@@ -157,14 +151,13 @@ __global__ void __launch_bounds__(FwdConfig<T, D, kFlags>::kThreads)
       }
       // (kSparse ? jn : j + 1) below is jn, but spelled so the dense kernel's machine code
       // stays exactly what it was before the features: with jn, ptxas schedules it otherwise.
-      if constexpr (C::kAsync) {
+      if constexpr (C::kAsync)
         if ((kSparse ? jn : j + 1) < n_tiles) {  // overlaps with all of this tile's compute
           const int next = ((kSparse ? x : j) + 1) & 1;
-          load_tile<C, kBc>(sK + next * kBc * D, K, (kSparse ? jn : j + 1) * kBc, N, tid);
-          load_tile<C, kBc>(sV + next * kBc * D, V, (kSparse ? jn : j + 1) * kBc, N, tid);
+          load_kv<C>(sK + next * kBc * D, sV + next * kBc * D, K, V, (kSparse ? jn : j + 1) * kBc,
+                     N, tid);
           cp_async_commit();
         }
-      }
       const T* sKj = sK + stage * kBc * D;
       const T* sVj = sV + stage * kBc * D;
 
@@ -228,13 +221,11 @@ __global__ void __launch_bounds__(FwdConfig<T, D, kFlags>::kThreads)
 
       // no-cp-async: one stage, loaded only after everyone is done (a dense kernel: the
       // features are built into the full variant only)
-      if constexpr (!C::kAsync) {
+      if constexpr (!C::kAsync)
         if (j + 1 < n_tiles) {
           __syncthreads();
-          load_tile<C, kBc>(sK, K, (j + 1) * kBc, N, tid);
-          load_tile<C, kBc>(sV, V, (j + 1) * kBc, N, tid);
+          load_kv<C>(sK, sV, K, V, (j + 1) * kBc, N, tid);
         }
-      }
       j = jn;
     }
   }

@@ -131,26 +131,10 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
   const T* Q = static_cast<const T*>(p.q);
   const T* dO = static_cast<const T*>(p.dout);
 
-  // Q tiles that see a key of this tile: under the bottom-right causal mask (key j visible
-  // to query i iff j <= i + N - M) rows i < j0 - (N - M) see none; their tiles are skipped.
-  // An item is one (query head of the group, Q tile i): the block walks the Q tiles from
-  // i_first on of each head hk * group .. hk * group + group - 1 in turn.
-  const int tiles_q = (M + kBr - 1) / kBr;
-  const int i_first = p.causal ? max(0, j0 - (N - M)) / kBr : 0;
-  auto next_item = [&](BwdItem it) {
-    it.i0 += kBr;
-    if (it.i0 >= M) it.i0 = i_first * kBr, ++it.bh;
-    return it;
-  };
-  // Block-sparse: of each query head's Q tiles from i_first on, only those of the kept query
-  // blocks in the head's mask row for this key block (q_block_lists), head after head.
-  [[maybe_unused]] KeptItems walk;
-  const int n_items = [&] {
-    if constexpr (kSparse)
-      return walk.count(p, b, hk, i_first, tiles_q);
-    else
-      return p.group * (tiles_q - i_first);
-  }();
+  // The items, one (query head of the group, Q tile i) each: of each head in turn, the Q tiles
+  // that see a key of this tile (ItemWalk).
+  ItemWalk<kBr, kSparse, Args> items{p, b, hk, j0, M, N};
+  const int n_items = items.count();
 
   // The dQ product's split over the warps: wq of the rows, wd of the columns.
   const int wq = warp % C::kWarpsQ, wd = warp / C::kWarpsQ;
@@ -164,14 +148,7 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
 
   load_tile<C, kBc>(sK, K, j0, N, tid);
   load_tile<C, kBc>(sV, V, j0, N, tid);
-  BwdItem cur = {size_t(b) * p.heads + size_t(hk) * p.group, i_first * kBr}, prev = cur;
-  [[maybe_unused]] const size_t bh0 = cur.bh;  // the group's first query head
-  if constexpr (kSparse) {
-    if (n_items > 0) {
-      walk.first(p, b, hk, i_first, tiles_q);
-      cur.bh = bh0 + walk.head, cur.i0 = walk.kept.tile * kBr, prev = cur;
-    }
-  }
+  BwdItem cur = items.first(n_items), prev = cur;
   if (n_items > 0) load_item<C>(cur, 0, sQ, sdO, sL, sD, Q, dO, p, M, tid);
   cp_async_commit();
 
@@ -181,14 +158,7 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
     cp_async_wait_all();
     __syncthreads();
     const int s = x & 1;
-    BwdItem next = next_item(cur);
-    if constexpr (kSparse) {
-      next = cur;
-      if (x + 1 < n_items) {
-        walk.next(p, b, hk, i_first, tiles_q);
-        next.bh = bh0 + walk.head, next.i0 = walk.kept.tile * kBr;
-      }
-    }
+    const BwdItem next = items.next(cur, x + 1 < n_items);
     if (x + 1 < n_items) {  // overlaps with all of this item's compute
       load_item<C>(next, s ^ 1, sQ, sdO, sL, sD, Q, dO, p, M, tid);
       cp_async_commit();
@@ -253,31 +223,18 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
       DsTile<C, kDropout, T, Args>{ds_t, p_t, dp_t, p, t, z, sDi}(nt);
     }
 
-    // dV_j += P^T dO_i and dK_j += dS^T Q_i, k = the Br queries. The C tiles 2kk, 2kk + 1
-    // of P^T (dS^T) are the A fragment of k-step kk, as P in the forward:
-    // a = {tile 2kk rows g, tile 2kk rows g + 8, tile 2kk + 1 rows g, tile 2kk + 1 rows g + 8}.
-    // B[k = query][n = d] = dO_i[query][d]: stored [k][n], ldmatrix.trans. dS^T also goes
-    // to shared memory for the dQ product (store_ds_t).
+    // dV_j += P^T dO_i and dK_j += dS^T Q_i, k = the Br queries, with P^T and dS^T straight
+    // from registers (tile_pair_a); dS^T also goes to shared memory for the dQ product.
     T* sdSx = sdS + s * kBc * kBr;
 #pragma unroll
     for (int kk = 0; kk < kBr / 16; ++kk) {
-      const uint32_t ap[4] = {p_t[2 * kk][0], p_t[2 * kk][1], p_t[2 * kk + 1][0],
-                              p_t[2 * kk + 1][1]};
-      const uint32_t ads[4] = {ds_t[2 * kk][0], ds_t[2 * kk][1], ds_t[2 * kk + 1][0],
-                               ds_t[2 * kk + 1][1]};
+      uint32_t ap[4], ads[4];
+      tile_pair_a(ap, p_t, kk);
+      tile_pair_a(ads, ds_t, kk);
       store_ds_t<C>(sdSx, ads, w_row0, kk, g, t);
-#pragma unroll
-      for (int nd = 0; nd < kDT; nd += 2) {
-        uint32_t bo[4], bq[4];
-        load_b_kn<QKV, true>(bo, sdOi, kk * 16, nd * 8, lane);
-        mma_16816<T>(acc_dv[nd], ap, bo[0], bo[1]);
-        mma_16816<T>(acc_dv[nd + 1], ap, bo[2], bo[3]);
-        load_b_kn<QKV, true>(bq, sQi, kk * 16, nd * 8, lane);
-        mma_16816<T>(acc_dk[nd], ads, bq[0], bq[1]);
-        mma_16816<T>(acc_dk[nd + 1], ads, bq[2], bq[3]);
-      }
+      DvDk<C, T>{acc_dv, acc_dk, sdOi, sQi, lane}(ap, ads, kk);
     }
-    prev = cur, cur = next;
+    prev.i0 = cur.i0, prev.bh = cur.bh, cur = next;  // (field by field: BwdItem)
   }
 
   // The last item's dQ product, once every warp has written its dS^T.
