@@ -982,14 +982,15 @@ def step_results_block(number, readme_dir, data, all_ceilings):
     rows of it), each row with the commit it was measured at."""
     rel = lambda path: Path(os.path.relpath(Path(path).resolve(), readme_dir)).as_posix()
     out = []
+    if number in CPU_RUNGS:  # one sentence, whatever the GPUs measured
+        links = ", ".join(f"[`{shown(path)}`]({rel(path)})" for path, _ in data)
+        return [f"No rows for this step in {links}: it runs on the CPU, and the committed timings "
+                "are of the GPU rungs (`build/ladder bench` times it on your machine).", ""]
     for path, rows in data:
         mine = [r for r in rows if r.step.split("/")[0] == number and r.plain and r.flash_shape
                 and r.tflops > 0]
         if not mine:
-            out += [f"No rows for this step in [`{shown(path)}`]({rel(path)})"
-                    + (": it runs on the CPU, and the committed timings are of the GPU rungs "
-                       "(`build/ladder bench` times it on your machine)." if number in CPU_RUNGS
-                       else "."), ""]
+            out += [f"No rows for this step in [`{shown(path)}`]({rel(path)}).", ""]
             continue
         # 4096 when the default variant was measured there, else the seq with the most rows.
         count = defaultdict(int)
