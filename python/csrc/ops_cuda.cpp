@@ -61,8 +61,8 @@ std::string capabilities() {
   std::ostringstream s;
   for (const RungKernels& k : registry())
     s << k.rung << " " << torch_dtype_name(k.dtype) << " " << k.dim << " "
-      << (k.backward != nullptr) << " " << k.lse_lo << " " << k.strides << " " << k.dropout << " "
-      << k.mask_block_q << " " << k.mask_block_k << "\n";
+      << (k.backward != nullptr) << " " << k.lse_lo << " " << (k.takes_strides != nullptr) << " "
+      << k.dropout << " " << k.mask_block_q << " " << k.mask_block_k << "\n";
   return s.str();
 }
 
@@ -174,23 +174,22 @@ at::Tensor dense(const at::Tensor& t) {
   return d;
 }
 
-// t's strides as a rung with RungKernels::strides reads them: each a non-negative multiple of 16
-// bytes below 2^40 bytes, the head dim contiguous, the base 16-byte aligned (the TMA unit's rule,
-// step 07's strides_ok); nothing where t breaks it. A dimension of extent 1 is never stepped
-// along: its stride is taken as the dense one. A dense tensor gives all 0 (the kernels' dense).
-std::optional<Strides> strides_of(const at::Tensor& t) {
+// t's strides as `kern` would read them in place, where it takes them (its takes_strides: the
+// step's own rule) and the head dim is contiguous and the base 16-byte aligned; nothing
+// otherwise. A dimension of extent 1 is never stepped along: its stride is taken as the dense
+// one. A dense tensor gives all 0 (the kernels' dense).
+std::optional<Strides> strides_of(const at::Tensor& t, const RungKernels& kern) {
   if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return std::nullopt;
   if (t.is_contiguous()) return Strides{};
-  if (t.size(3) > 1 && t.stride(3) != 1) return std::nullopt;
+  if (!kern.takes_strides || (t.size(3) > 1 && t.stride(3) != 1)) return std::nullopt;
   int64_t s[3], inner = t.size(3);
   for (int i = 2; i >= 0; --i) {
     s[i] = t.size(i) == 1 ? inner : t.stride(i);
-    const int64_t bytes = s[i] * int64_t(t.element_size());
-    if (s[i] < 0 || bytes % 16 != 0 || bytes >= (int64_t(1) << 40)) return std::nullopt;
     inner = s[i] * t.size(i);
   }
-  if (s[0] == 0 && s[1] == 0 && s[2] == 0) return std::nullopt;  // all 0 reads as dense
-  return Strides{s[0], s[1], s[2]};
+  const Strides st{s[0], s[1], s[2]};
+  if (st.batch == 0 && st.head == 0 && st.row == 0) return std::nullopt;  // all 0 reads as dense
+  return kern.takes_strides(st) ? std::optional<Strides>(st) : std::nullopt;
 }
 
 // A tensor as the kernels read it: in place, with its strides, where the rung takes strides and
@@ -202,8 +201,7 @@ struct Operand {
 };
 Operand operand(const at::Tensor& t, const RungKernels& kern, bool negate = false) {
   const at::Tensor x = negate ? t.neg() : t;
-  if (kern.strides)
-    if (const std::optional<Strides> s = strides_of(x)) return {x, *s};
+  if (const std::optional<Strides> s = strides_of(x, kern)) return {x, *s};
   return {dense(x), Strides{}};
 }
 
@@ -212,7 +210,7 @@ Operand operand(const at::Tensor& t, const RungKernels& kern, bool negate = fals
 // [B, M, H, d] storage too, so that O.transpose(1, 2).reshape(B, M, H * d) is free; else dense.
 // The fake implementation (_schema.py) follows the same rule.
 at::Tensor new_out(const at::Tensor& q, const RungKernels& kern) {
-  if (kern.strides && q.stride(1) < q.stride(2))
+  if (kern.takes_strides && q.stride(1) < q.stride(2))
     return at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2);
   return at::empty(q.sizes(), q.options());
 }
@@ -318,8 +316,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cuda(
   FwdArgs a{};
   a.q = q.t.data_ptr(), a.k = k.t.data_ptr(), a.v = v.t.data_ptr(), a.o = o.data_ptr();
   a.q_strides = q.strides, a.k_strides = k.strides, a.v_strides = v.strides;
-  const std::optional<Strides> o_strides = strides_of(o);  // new_out's layout keeps the rule
-  TORCH_INTERNAL_ASSERT(o_strides && (kern.strides || o.is_contiguous()), "ladder: O's layout");
+  const std::optional<Strides> o_strides = strides_of(o, kern);  // new_out's layout: taken
+  TORCH_INTERNAL_ASSERT(o_strides.has_value(), "ladder: O's layout");
   a.o_strides = *o_strides;
   a.lse = lse.data_ptr<float>(), a.lse_lo = f32_or_null(lse_lo);
   a.batch = s.batch, a.heads = s.heads, a.heads_kv = s.heads_kv;

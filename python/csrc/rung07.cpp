@@ -287,7 +287,8 @@ RungKernels entry(DType dtype, int dim) {
   k.rung = 7, k.dtype = dtype, k.dim = dim;
   k.positive_scale = true;  // the kernels track the row max of the raw scores: scale > 0
   k.bwd_row_pad = fa3::kBwdRowPad;
-  k.strides = true;  // 4-D tensor maps: Q, K, V, O and dO read and written through Strides
+  // 4-D tensor maps: Q, K, V, O and dO read and written through Strides, by the step's rule.
+  k.takes_strides = [](const Strides& s) { return fa3::strides_ok(strides(s)); };
   k.dropout = fa3::is_persistent(kVariant);  // the persistent kernels have the features
   // Mask blocks: multiples of the step's kMaskBlock, make_plan's rule.
   if (k.dropout) k.mask_block_q = k.mask_block_k = ladder::step07::kMaskBlock;

@@ -21,7 +21,7 @@ using DType = ladder::DType;
 
 // Where element (b, h, r, x) of a [B, H, rows, d] tensor sits: at b * batch + h * head + r * row
 // + x elements from its pointer, the head dim contiguous. All three 0: the dense row-major
-// layout, the only one a rung without RungKernels::strides is given.
+// layout, the only one a rung without RungKernels::takes_strides is given.
 struct Strides {
   int64_t batch = 0, head = 0, row = 0;
 };
@@ -40,7 +40,7 @@ struct BlockLists {
 };
 
 // One forward call. q, o [B, H, M, d]; k, v [B, Hkv, N, d] with the strides given (all dense for
-// a rung without RungKernels::strides); lse, lse_lo dense [B, H, M] fp32.
+// a rung without RungKernels::takes_strides); lse, lse_lo dense [B, H, M] fp32.
 struct FwdArgs {
   const void* q;
   const void* k;
@@ -97,10 +97,12 @@ struct RungKernels {
   DType dtype = DType::f32;
   int dim = 0;
   bool positive_scale =
-      false;             // the kernel needs scale > 0: the caller negates Q for a negative one
-  bool lse_lo = false;   // the forward writes lse_lo and the backward reads it
-  int bwd_row_pad = 1;   // lse2 and dsum rows: seq_q rounded up to a multiple of this
-  bool strides = false;  // reads q, k, v, o, dO through Strides (each a multiple of 8 elements)
+      false;            // the kernel needs scale > 0: the caller negates Q for a negative one
+  bool lse_lo = false;  // the forward writes lse_lo and the backward reads it
+  int bwd_row_pad = 1;  // lse2 and dsum rows: seq_q rounded up to a multiple of this
+  // Whether the rung reads (q, k, v, dO) and writes (o) a tensor with these strides in place;
+  // null: it reads dense tensors only (the operator copies).
+  bool (*takes_strides)(const Strides&) = nullptr;
   bool dropout = false;  // FwdArgs::dropout_p > 0 runs (forward and backward)
   // Block masks whose blocks are multiples of mask_block_q x mask_block_k (the tiles of both
   // passes must each lie inside one mask block); 0: no block masks.

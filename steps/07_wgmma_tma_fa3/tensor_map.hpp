@@ -41,14 +41,6 @@ inline void require(bool ok, const char* who, const std::string& what) {
   if (!ok) throw std::invalid_argument(std::string(who) + ": " + what);
 }
 
-// The rule a tensor's Strides must follow (the TMA unit's and the 16-byte accesses'): every
-// stride a non-negative multiple of 8 elements (16 bytes) below 2^40 bytes.
-inline bool strides_ok(const Strides& s) {
-  for (int64_t x : {s.batch, s.head, s.row})
-    if (x < 0 || x % 8 != 0 || x >= (int64_t(1) << 39)) return false;
-  return true;
-}
-
 // The checks the forward's and the backward's parameters share (P: FwdParams or BwdParams):
 // the shapes, the scale, LSE and the 16-byte aligned `tensors`, the strides, dropout, and the
 // block mask's geometry when `sparse`.

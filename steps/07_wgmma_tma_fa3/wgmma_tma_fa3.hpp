@@ -87,6 +87,13 @@ struct Strides {
   int64_t batch = 0, head = 0, row = 0;
   bool dense() const { return batch == 0 && head == 0 && row == 0; }
 };
+// The rule Strides must follow (the TMA unit's and the 16-byte accesses'): every stride a
+// non-negative multiple of 8 elements (16 bytes) below 2^40 bytes.
+inline bool strides_ok(const Strides& s) {
+  for (int64_t x : {s.batch, s.head, s.row})
+    if (x < 0 || x % 8 != 0 || x >= (int64_t(1) << 39)) return false;
+  return true;
+}
 // The strides a tensor has: `s` itself, or, where it is all 0, the dense layout's.
 inline Strides resolved(Strides s, int heads, int rows, int dim) {
   return s.dense() ? Strides{int64_t(heads) * rows * dim, int64_t(rows) * dim, dim} : s;
