@@ -4,19 +4,27 @@
     python3 python/gpt_speed.py time --contexts 256 1024 2048 --attn sdpa rung7 rung6 \
         --csv out/gpt_speed.csv
     python3 python/gpt_speed.py profile --context 256 --attn sdpa rung7 --out out/gpt_profile
+    python3 python/gpt_speed.py op --contexts 256 1024 2048 --attn sdpa rung7
 
 time: train_gpt.py's model and step (bf16 autocast, AdamW, clipping) on random tokens, the
 batch chosen so that every context trains 16384 tokens per step (64 x 256, 16 x 1024,
 8 x 2048). Per context, the attentions take turns in rounds (warm-up steps, then timed steps,
 per round) so that drift of clocks or temperature falls on all of them alike; a step's time is
-CUDA events around it (no synchronisation inside), the row the median over every round. Rows:
-commit, gpu, torch, context, batch, attn, step_ms, ratio to sdpa, the operator's counters
-(rung 07's plans and calls, the layout copies).
+CUDA events around it (no synchronisation inside), the row the median over every round; host_ms
+is the median time the host takes to issue a step (the Python call, without waiting for the
+GPU): where it is close to step_ms, the step waits on the host, not on the kernels. Rows:
+commit, gpu, torch, context, batch, attn, step_ms, host_ms, ratio to sdpa, the operator's
+counters (rung 07's plans and calls, the layout copies).
 
 profile: torch.profiler over a few steps per attention: the table of CUDA time and CPU (host)
 time per operator, the kernels with their launch counts, and a Chrome trace to open in
 Perfetto; enough to see whether a step waits on the host (per-call overhead, allocations,
 copies, plans) or on kernels (which, and how many launches).
+
+op: the attention call alone at the model's shapes (q, k, v views of one layer's projection,
+causal, bf16): per forward + backward, the host's issue time (no synchronisation; the GPU kept
+idle enough that it never throttles the host) and the GPU time (CUDA events, synchronised),
+each the median of the rounds; the operator's share of a step, without the rest of the model.
 """
 
 from __future__ import annotations
@@ -97,6 +105,7 @@ def time_steps(args) -> int:
     for context in args.contexts:
         steps = {a: make(a, context, args) for a in args.attn}
         times = {a: [] for a in args.attn}
+        host = {a: [] for a in args.attn}
         for _ in range(args.rounds):
             for attn, (step, _) in steps.items():
                 for _ in range(args.warmup):
@@ -106,9 +115,11 @@ def time_steps(args) -> int:
                     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
                         enable_timing=True
                     )
+                    t0 = time.perf_counter()
                     s.record()
                     step()
                     e.record()
+                    host[attn].append(1e3 * (time.perf_counter() - t0))
                     marks.append((s, e))
                 torch.cuda.synchronize()
                 times[attn] += [s.elapsed_time(e) for s, e in marks]
@@ -123,6 +134,7 @@ def time_steps(args) -> int:
                 batch=steps[attn][1],
                 attn=attn,
                 step_ms=f"{ms:.3f}",
+                host_ms=f"{statistics.median(host[attn]):.3f}",
                 ratio_to_sdpa=f"{ms / base:.3f}" if base else "",
                 steps=len(times[attn]),
                 **{k.replace(".", "_"): v for k, v in counters().items()},
@@ -131,6 +143,7 @@ def time_steps(args) -> int:
             rows.append(row)
             print(
                 f"context {context:5d} batch {row['batch']:3d} {attn:>6}: {ms:8.3f} ms"
+                f" (host {row['host_ms']} ms)"
                 + (f"  ({ms / base:.3f}x sdpa)" if base else ""),
                 flush=True,
             )
@@ -184,6 +197,49 @@ def profile(args) -> int:
     return 0
 
 
+def time_op(args) -> int:
+    """The attention call alone, forward + backward, at each context's shapes: host and GPU."""
+    for context in args.contexts:
+        batch = TOKENS_PER_STEP // context
+        d = args.d_model // args.heads
+        x = torch.randn(batch, context, 3, args.heads, d, device="cuda", dtype=torch.bfloat16)
+        qkv = x.permute(2, 0, 3, 1, 4).detach().requires_grad_(False)
+        res = {}
+        for attn in args.attn:
+            q, k, v = (t.detach().requires_grad_(True) for t in qkv.unbind(0))
+            rung = None if attn == "sdpa" else int(attn.removeprefix("rung"))
+
+            def call():
+                if rung is None:
+                    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                else:
+                    y = ladder_torch.ladder_attention(q, k, v, causal=True, rung=rung)
+                y.backward(dy)
+
+            dy = torch.randn_like(q).transpose(1, 2).contiguous().transpose(1, 2)
+            for _ in range(args.warmup):
+                call()
+            torch.cuda.synchronize()
+            hosts, gpus = [], []
+            for _ in range(args.rounds):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t0 = time.perf_counter()
+                s.record()
+                for _ in range(args.calls):
+                    call()
+                e.record()
+                hosts.append(1e6 * (time.perf_counter() - t0) / args.calls)
+                torch.cuda.synchronize()
+                gpus.append(1e3 * s.elapsed_time(e) / args.calls)
+            res[attn] = (statistics.median(hosts), statistics.median(gpus))
+            print(
+                f"context {context:5d} batch {batch:3d} {attn:>6}: host {res[attn][0]:7.1f} us, "
+                f"GPU {res[attn][1]:7.1f} us per forward + backward",
+                flush=True,
+            )
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -205,7 +261,13 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--out", default="out/gpt_profile")
-    for q in (t, p):
+    o = sub.add_parser("op")
+    o.add_argument("--contexts", type=int, nargs="+", default=[256, 1024, 2048])
+    o.add_argument("--attn", nargs="+", default=["sdpa", "rung7"])
+    o.add_argument("--rounds", type=int, default=7)
+    o.add_argument("--calls", type=int, default=6, help="calls per round (a model's layers)")
+    o.add_argument("--warmup", type=int, default=5)
+    for q in (t, p, o):
         q.add_argument("--layers", type=int, default=6)
         q.add_argument("--d-model", type=int, default=384)
         q.add_argument("--heads", type=int, default=6)
@@ -215,7 +277,7 @@ def main() -> int:
         return 3
     if args.cmd == "time" and "sdpa" not in args.attn:
         args.attn = ["sdpa", *args.attn]  # the ratio's denominator
-    return time_steps(args) if args.cmd == "time" else profile(args)
+    return {"time": time_steps, "profile": profile, "op": time_op}[args.cmd](args)
 
 
 if __name__ == "__main__":
