@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 import ladder_torch
-from train_gpt import GPT, lr_at
+from train_gpt import GPT, Attention, lr_at
 
 TOKENS_PER_STEP = 16384
 VOCAB = 113  # the corpus's distinct characters in the committed runs; speed does not depend on it
@@ -198,16 +198,21 @@ def profile(args) -> int:
 
 
 def time_op(args) -> int:
-    """The attention call alone, forward + backward, at each context's shapes: host and GPU."""
+    """The attention call alone, forward + backward, at each context's shapes: host and GPU; then
+    one attention layer (train_gpt's Attention: the qkv projection, its views, the call, the
+    output projection) the same way, which adds what the views and their gradients cost."""
     for context in args.contexts:
         batch = TOKENS_PER_STEP // context
         d = args.d_model // args.heads
         x = torch.randn(batch, context, 3, args.heads, d, device="cuda", dtype=torch.bfloat16)
-        qkv = x.permute(2, 0, 3, 1, 4).detach().requires_grad_(False)
-        res = {}
+        qkv = x.permute(2, 0, 3, 1, 4)
+        h = torch.randn(batch, context, args.d_model, device="cuda", dtype=torch.bfloat16)
         for attn in args.attn:
             q, k, v = (t.detach().requires_grad_(True) for t in qkv.unbind(0))
             rung = None if attn == "sdpa" else int(attn.removeprefix("rung"))
+            dy = torch.randn_like(q).transpose(1, 2).contiguous().transpose(1, 2)
+            layer = Attention(args.d_model, args.heads, attn).cuda().to(torch.bfloat16)
+            hx = h.detach().requires_grad_(True)
 
             def call():
                 if rung is None:
@@ -216,28 +221,36 @@ def time_op(args) -> int:
                     y = ladder_torch.ladder_attention(q, k, v, causal=True, rung=rung)
                 y.backward(dy)
 
-            dy = torch.randn_like(q).transpose(1, 2).contiguous().transpose(1, 2)
-            for _ in range(args.warmup):
-                call()
-            torch.cuda.synchronize()
-            hosts, gpus = [], []
-            for _ in range(args.rounds):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                t0 = time.perf_counter()
-                s.record()
-                for _ in range(args.calls):
-                    call()
-                e.record()
-                hosts.append(1e6 * (time.perf_counter() - t0) / args.calls)
-                torch.cuda.synchronize()
-                gpus.append(1e3 * s.elapsed_time(e) / args.calls)
-            res[attn] = (statistics.median(hosts), statistics.median(gpus))
-            print(
-                f"context {context:5d} batch {batch:3d} {attn:>6}: host {res[attn][0]:7.1f} us, "
-                f"GPU {res[attn][1]:7.1f} us per forward + backward",
-                flush=True,
-            )
+            def call_layer():
+                layer(hx).sum().backward()
+
+            for what, fn in (("call", call), ("layer", call_layer)):
+                host, gpu = _time_calls(fn, args)
+                print(
+                    f"context {context:5d} batch {batch:3d} {attn:>6} {what:>5}: host {host:7.1f} us,"
+                    f" GPU {gpu:7.1f} us per forward + backward",
+                    flush=True,
+                )
     return 0
+
+
+def _time_calls(fn, args) -> tuple[float, float]:
+    """Median over rounds of the host's issue time and the GPU time per call of fn (us)."""
+    for _ in range(args.warmup):
+        fn()
+    torch.cuda.synchronize()
+    hosts, gpus = [], []
+    for _ in range(args.rounds):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        s.record()
+        for _ in range(args.calls):
+            fn()
+        e.record()
+        hosts.append(1e6 * (time.perf_counter() - t0) / args.calls)
+        torch.cuda.synchronize()
+        gpus.append(1e3 * s.elapsed_time(e) / args.calls)
+    return statistics.median(hosts), statistics.median(gpus)
 
 
 def main() -> int:

@@ -91,15 +91,16 @@ def _mul_hi_lo(a: int, x: torch.Tensor):
 
 def dropout_keep(seed: int, p: float, b: int, h: int, m: int, n: int) -> torch.Tensor:
     """Dropout's Z, bool [b, h, m, n] (True: kept), from its definition in docs/CONTRACT.md:
-    for (b, h, i, j) with I = i / 16, r = i % 16, J = j / 16, c = j % 16, lane = (r % 8) * 4 +
-    (c % 8) / 2, the 16-bit half k = (r / 8) * 4 + (c / 8) * 2 + c % 2 of Philox4x32-10(counter
-    (32 J + lane, I, h, b), key (seed lo, seed hi)), kept iff it is >= min(65535, round(p 2^16)).
-    Written here in int64 tensor arithmetic, apart from the library's C++ (common/dropout.hpp)."""
+    for (b, h, i, j) with I = i / 16, r = i % 16, J = j / 32, e = (j / 16) % 2, c = j % 16,
+    lane = (r % 8) * 4 + (c % 8) / 2, byte e of the 16-bit half k = (r / 8) * 4 + (c / 8) * 2 +
+    c % 2 of Philox4x32-10(counter (32 J + lane, I, h, b), key (seed lo, seed hi)), kept iff it
+    is >= min(255, round(p 2^8)). Written here in int64 tensor arithmetic, apart from the
+    library's C++ (common/dropout.hpp)."""
     i = torch.arange(m).view(1, 1, m, 1)
     j = torch.arange(n).view(1, 1, 1, n)
     r, c = i & 15, j & 15
     shape = (b, h, m, n)
-    c0 = ((j >> 4) * 32 + (r & 7) * 4 + ((c & 7) >> 1)).expand(shape)
+    c0 = ((j >> 5) * 32 + (r & 7) * 4 + ((c & 7) >> 1)).expand(shape)
     c1 = (i >> 4).expand(shape)
     c2 = torch.arange(h).view(1, h, 1, 1).expand(shape)
     c3 = torch.arange(b).view(b, 1, 1, 1).expand(shape)
@@ -110,10 +111,11 @@ def dropout_keep(seed: int, p: float, b: int, h: int, m: int, n: int) -> torch.T
         c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
         k0, k1 = (k0 + 0x9E3779B9) & _MASK32, (k1 + 0xBB67AE85) & _MASK32
     slot = ((r >> 3) * 4 + (c >> 3) * 2 + (c & 1)).expand(shape)
+    e = ((j >> 4) & 1).expand(shape)
     words = torch.stack([c0, c1, c2, c3], dim=-1)
     word = torch.gather(words, -1, (slot >> 1).unsqueeze(-1)).squeeze(-1)
-    u = (word >> (16 * (slot & 1))) & 0xFFFF
-    return u >= min(65535, int(p * 65536.0 + 0.5))
+    u = (word >> (16 * (slot & 1) + 8 * e)) & 0xFF
+    return u >= min(255, int(p * 256.0 + 0.5))
 
 
 def plain(q, k, v, dout, causal, scale, keep=None, z=None, p=0.0):

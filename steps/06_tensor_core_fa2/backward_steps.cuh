@@ -181,11 +181,13 @@ struct RecomputeP {
 //   2t + 9} of the block, which the forward's layout spreads over lanes 8t + g / 2 and
 //   8t + 4 + g / 2, four halves of each one's Philox call. Two calls per lane would double
 //   the generator (about 40 instructions per call: 10 rounds of 2 IMAD.WIDE + 2 LOP3).
-//   Instead each lane makes the forward's call for its own lane number: those 8 halves
-//   are the transposed block's, and as four 8 x 8 matrices of 16-bit values in the
-//   fragment layout, one movmatrix each (transpose_b16) hands every lane its own: one
-//   Philox call + 4 movmatrix per 16 x 16 block (about 44 instructions for 8 elements),
-//   then per element about 4.5 (compare, two selects, a multiply, half a pack).
+//   Instead each lane makes the forward's call for its own lane number: its 8 16-bit halves
+//   hold the transposed block's positions (byte key16 % 2 of each, the other byte the
+//   neighbouring 16 keys'), and as four 8 x 8 matrices of 16-bit values in the fragment
+//   layout, one movmatrix each (transpose_b16) hands every lane its own: one Philox call + 4
+//   movmatrix per 16 x 16 block (about 48 instructions for 8 elements: this warp owns only
+//   16 of the call's 32 keys), then per element about 4.5 (compare, two selects, a multiply,
+//   half a pack).
 template <class C, bool kDropout, class T, class Args>
 struct DsTile {
   static constexpr int kNT = C::kBr / 8;

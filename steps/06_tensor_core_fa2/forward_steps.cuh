@@ -97,21 +97,24 @@ __device__ __forceinline__ void online_softmax(float (&s)[C::kSlices][C::kBc / 8
 
 // Dropout of one 16 x 16 block of P held in the mma C layout: `ev` and `od` are the lane's
 // elements of the even and odd n8 tile ([0], [1] = row g, columns 2t, 2t + 1; [2], [3] = row
-// g + 8). The lane's Philox call (common/dropout.hpp) holds exactly these 8 elements: w0 = row
-// g of the even tile, w1 = row g of the odd tile, w2 and w3 the same for row g + 8, the even
-// column in the low 16 bits. A dropped P_ij becomes 0. Per pair of elements: the high half is
-// one unsigned compare (w >= t << 16: its low bits cannot change the outcome), the low half
-// an AND and a compare, then two selects: 5 instructions.
-__device__ __forceinline__ void keep_pair(float& lo, float& hi, uint32_t w, uint32_t t) {
+// g + 8). The lane's Philox call (common/dropout.hpp) covers this block and its neighbour (32
+// keys): w0 = row g of the even tile, w1 = row g of the odd tile, w2 and w3 the same for row
+// g + 8, the even column in the low 16 bits; in each 16-bit half, byte e is block e's uniform.
+// A dropped P_ij becomes 0. Per pair of elements: the block's two bytes moved to the bottom of
+// each half (a shift and an AND), the high half one unsigned compare (w >= t << 16: its low
+// bits cannot change the outcome), the low half an AND and a compare, then two selects.
+__device__ __forceinline__ void keep_pair(float& lo, float& hi, uint32_t w, uint32_t e,
+                                          uint32_t t) {
+  w = (w >> (8 * e)) & 0x00ff00ffu;
   lo = (w & 0xffffu) >= t ? lo : 0.f;
   hi = w >= (t << 16) ? hi : 0.f;
 }
 __device__ __forceinline__ void drop_block(float (&ev)[4], float (&od)[4],
-                                           const dropout::Philox4& z, uint32_t t) {
-  keep_pair(ev[0], ev[1], z.w[0], t);
-  keep_pair(od[0], od[1], z.w[1], t);
-  keep_pair(ev[2], ev[3], z.w[2], t);
-  keep_pair(od[2], od[3], z.w[3], t);
+                                           const dropout::Philox4& z, uint32_t e, uint32_t t) {
+  keep_pair(ev[0], ev[1], z.w[0], e, t);
+  keep_pair(od[0], od[1], z.w[1], e, t);
+  keep_pair(ev[2], ev[3], z.w[2], e, t);
+  keep_pair(od[2], od[3], z.w[3], e, t);
 }
 
 // p-via-smem: P written to this warp's own rows of the shared P tile, to be read back as the

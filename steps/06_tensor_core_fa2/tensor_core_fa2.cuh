@@ -190,6 +190,8 @@ __global__ void __launch_bounds__(FwdConfig<T, D, kFlags>::kThreads)
       // O_i += P V_j, with P as the A operand: from the S registers (p_fragment), or through
       // shared memory (store_p, then load_a).
       if constexpr (!C::kPRegs) store_p<C>(sP, s, w_row0, g, t);
+      [[maybe_unused]] dropout::Philox4 z[kS];  // dropout: this 32-key block's calls, per slice
+      static_assert(kBc % 32 == 0, "dropout's Philox calls cover 32 keys");
 #pragma unroll
       for (int kk = 0; kk < kBc / 16; ++kk) {
         uint32_t a[kS][4];
@@ -197,10 +199,11 @@ __global__ void __launch_bounds__(FwdConfig<T, D, kFlags>::kThreads)
         for (int mi = 0; mi < kS; ++mi) {
           if constexpr (C::kPRegs) {
             if constexpr (kDropout) {  // Z of keys 16kk.. of tile j, rows of slice mi
-              const uint32_t key16 = uint32_t(j) * (kBc / 16) + kk;
-              drop_block(s[mi][2 * kk], s[mi][2 * kk + 1],
-                         dropout::philox(key16 * 32u + lane, q16 + mi, h, b, p.seed_lo, p.seed_hi),
-                         p.drop_thresh);
+              // One Philox call per 32 keys: made at even kk, its odd bytes used at kk + 1.
+              const uint32_t key32 = uint32_t(j) * (kBc / 32) + kk / 2;
+              if (kk % 2 == 0)
+                z[mi] = dropout::philox(key32 * 32u + lane, q16 + mi, h, b, p.seed_lo, p.seed_hi);
+              drop_block(s[mi][2 * kk], s[mi][2 * kk + 1], z[mi], kk % 2, p.drop_thresh);
             }
             p_fragment<T>(a[mi], s[mi], kk);
           } else {

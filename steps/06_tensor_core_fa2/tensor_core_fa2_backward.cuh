@@ -208,15 +208,17 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
           // queries of n8 tiles nt, nt + 1 (query 16-block q16 + nt / 2), for query head hq of
           // batch b. Fill z[0..3], one word per C-layout register pair of that block: z[0] =
           // key g, tile nt; z[1] = key g + 8, tile nt; z[2], z[3] the same for tile nt + 1; in
-          // each, the low 16 bits are query 2t's uniform, the high 16 bits query 2t + 1's.
+          // each, the low 16 bits hold query 2t's 8-bit uniform, the high 16 bits query 2t + 1's.
           // Tools: dropout::philox (common/dropout.hpp: which lane of the FORWARD's layout holds
-          // an element, and which of its 8 halves), and transpose_b16 (mma.cuh). One call per
-          // block is enough: ask which forward lane's 8 elements this lane's own number
-          // selects, and where those elements sit in S^T.
+          // an element, and which byte of which 16-bit half), and transpose_b16 (mma.cuh). One
+          // call per block is enough (this warp uses the bytes of its own 16 keys; the other
+          // half of the call belongs to the neighbouring warp's keys): ask which forward lane's
+          // elements this lane's own number selects, and where those elements sit in S^T.
           const dropout::Philox4 zf =
-              dropout::philox(key16 * 32u + lane, q16 + nt / 2, hq, b, p.seed_lo, p.seed_hi);
+              dropout::philox((key16 / 2) * 32u + lane, q16 + nt / 2, hq, b, p.seed_lo, p.seed_hi);
 #pragma unroll
-          for (int r = 0; r < 4; ++r) z[r] = transpose_b16(zf.w[r]);
+          for (int r = 0; r < 4; ++r)
+            z[r] = (transpose_b16(zf.w[r]) >> (8 * (key16 % 2))) & 0x00ff00ffu;
           // EXERCISE END
         }
       }

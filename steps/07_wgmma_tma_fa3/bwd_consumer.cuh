@@ -123,10 +123,12 @@ struct BwdSteps {
   // Dropout's Z for an item as 8 keep bits per k-step: bit 2q + i of byte kk of keep = element i
   // of pf[kk][q] (below). Z in the S^T layout: lane (g, t) holds keys {g, g + 8} x queries
   // {2t, 2t + 1, 2t + 8, 2t + 9} of each 16 x 16 block; the contract's Philox call for this
-  // lane's NUMBER holds those of the transposed block (queries as rows), so each of its four
-  // words, an 8 x 8 matrix of 16-bit uniforms across the warp, is transposed with movmatrix
-  // (step 06's trick), after which word q covers exactly the two elements of pf[kk][q]. All ones
-  // without dropout. Computed while an S^T product runs, where registers are to spare.
+  // lane's NUMBER holds those of the transposed block (queries as rows) and of its neighbour
+  // along the keys, so each of its four words, an 8 x 8 matrix of 16-bit halves across the warp,
+  // is transposed with movmatrix (step 06's trick), after which word q covers exactly the two
+  // elements of pf[kk][q], in byte key16 % 2 of each half (the other byte belongs to the
+  // neighbouring warp's 16 keys). All ones without dropout. Computed while an S^T product runs,
+  // where registers are to spare.
   __device__ __forceinline__ void make_keep(int h, int i0) {
 #pragma unroll
     for (int k = 0; k < (kBr / 16 + 3) / 4; ++k) keep[k] = ~0u;
@@ -134,12 +136,12 @@ struct BwdSteps {
 #pragma unroll
     for (int kk = 0; kk < kBr / 16; ++kk) {
       const dropout::Philox4 ph =
-          dropout::philox(key16 * 32u + uint32_t(lane), uint32_t(i0 / 16 + kk), uint32_t(h),
+          dropout::philox((key16 / 2) * 32u + uint32_t(lane), uint32_t(i0 / 16 + kk), uint32_t(h),
                           uint32_t(c.b), p.score.seed_lo, p.score.seed_hi);
       uint32_t bits = 0;
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const uint32_t z = transpose_b16(ph.w[q]);
+        const uint32_t z = (transpose_b16(ph.w[q]) >> (8 * (key16 % 2))) & 0x00ff00ffu;
         bits |= uint32_t((z & 0xffffu) >= p.score.drop_threshold) << (2 * q);
         bits |= uint32_t((z >> 16) >= p.score.drop_threshold) << (2 * q + 1);
       }

@@ -43,7 +43,7 @@ enum NamedBarrier : int { kBarSched = 1, kBarEpilogue = kBarSched + 3, kBarDS = 
 struct ScoreParams {
   float scale, scale_log2;  // tau and tau log2(e), tau > 0
   int causal;
-  // dropout (kExtras kernels): keep iff the 16-bit uniform >= threshold; rescale = 1 / (1 - p)
+  // dropout (kExtras kernels): keep iff the 8-bit uniform >= threshold; rescale = 1 / (1 - p)
   int dropout;
   uint32_t drop_threshold, seed_lo, seed_hi;
   float drop_rescale;

@@ -19,12 +19,11 @@ struct RowInfo {
   int row16;     // the 16-row block index of this warp's rows (dropout counter)
 };
 
-// Mask (when needed), online softmax of S in place (S becomes unnormalised P, fp32), and
-// dropout; returns in `alpha` the factor by which each row's O must be rescaled.
-template <bool kExtras>
+// Mask (when needed) and online softmax of S in place (S becomes unnormalised P, fp32); returns
+// in `alpha` the factor by which each row's O must be rescaled.
 __device__ __forceinline__ void softmax_tile(float (&s)[kBc / 2], float (&m)[2], float (&l)[2],
                                              float (&alpha)[2], const RowInfo& ri, int tile,
-                                             bool need_mask, const KParams& p, const Item& c) {
+                                             bool need_mask, const KParams& p) {
   const int key0 = tile * kBc;
   if (need_mask) {
 #pragma unroll
@@ -69,37 +68,6 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kBc / 2], float (&m)[2],
     l[r] = alpha[r] * l[r] + sum;  // this thread's columns; the quad adds up at the end
     // EXERCISE END
   }
-  if constexpr (kExtras) {
-    if (p.score.dropout) {
-      // l summed the undropped P (the LSE is that of P); Z only zeroes P on its way into PV.
-      // One Philox call per 16 x 16 block gives this lane its 8 elements (docs/CONTRACT.md).
-#pragma unroll
-      for (int kk = 0; kk < kBc / 16; ++kk) {
-        const uint32_t J = uint32_t(key0 / 16 + kk);
-        const dropout::Philox4 w =
-            dropout::philox(J * 32u + uint32_t(ri.lane), uint32_t(ri.row16), uint32_t(c.h),
-                            uint32_t(c.b), p.score.seed_lo, p.score.seed_hi);
-        const uint32_t(&words)[4] = w.w;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          uint32_t u;  // the 16-bit uniform of s[8kk + e]
-          // EXERCISE BEGIN dropout-words [hard]
-          // Concept: the dropout counter mapping: which of a Philox call's 8 halves belongs to
-          // each of the lane's 8 accumulators of a 16 x 16 block (docs/CONTRACT.md).
-          //
-          // Set u to the 16-bit uniform of s[8kk + e], from the 4 words of this block's call.
-          // s[8kk + e] is n8 block 2kk + e / 4, row half (e / 2) & 1, column 2t + (e & 1). The
-          // contract: w0 = row g of the even n8 block, w1 = row g of the odd one, w2, w3 the
-          // same for row g + 8; the low 16 bits are the even column's. Trap: the order of the
-          // words is not the order of the accumulators.
-          const uint32_t word = words[(e >> 2) + 2 * ((e >> 1) & 1)];
-          u = (word >> (16 * (e & 1))) & 0xffffu;
-          // EXERCISE END
-          if (u < p.score.drop_threshold) s[8 * kk + e] = 0.f;
-        }
-      }
-    }
-  }
 }
 
 template <int D>
@@ -124,6 +92,50 @@ __device__ __forceinline__ void convert_p(uint32_t (&pf)[kBc / 16][4], const flo
 #pragma unroll
     for (int q = 0; q < 4; ++q) pf[kk][q] = pack2<T>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
   // EXERCISE END
+}
+
+// Dropout's keep flags for key tile `tile` (docs/CONTRACT.md): one Philox call per 16 rows x
+// 32 keys gives this lane its 16 8-bit uniforms; zf[kq][w] has the msb of byte n set where
+// byte n of word w keeps its element (dropout::kept_msb, four at once). Z does not depend on S,
+// so this runs while the warpgroup's own GEMMs are on the tensor cores.
+__device__ __forceinline__ void keep_flags(uint32_t (&zf)[kBc / 32][4], const RowInfo& ri, int tile,
+                                           const KParams& p, const Item& c) {
+  const uint32_t t4 = p.score.drop_threshold * 0x01010101u;
+#pragma unroll
+  for (int kq = 0; kq < kBc / 32; ++kq) {
+    const uint32_t J = uint32_t(tile * (kBc / 32) + kq);
+    const dropout::Philox4 w =
+        dropout::philox(J * 32u + uint32_t(ri.lane), uint32_t(ri.row16), uint32_t(c.h),
+                        uint32_t(c.b), p.score.seed_lo, p.score.seed_hi);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) zf[kq][q] = dropout::kept_msb(w.w[q], t4);
+  }
+}
+
+// P o Z on the packed P (convert_p's fragments): one AND per pair of 16-bit weights. l summed
+// the undropped P (the LSE is that of P); Z only zeroes P on its way into PV.
+__device__ __forceinline__ void drop_p(uint32_t (&pf)[kBc / 16][4],
+                                       const uint32_t (&zf)[kBc / 32][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kBc / 16; ++kk)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      uint32_t mask;  // 0xffff over each kept weight of pf[kk][q]
+      // EXERCISE BEGIN dropout-words [hard]
+      // Concept: the dropout counter mapping: which byte of which Philox word belongs to each
+      // weight of the lane's P fragment (docs/CONTRACT.md).
+      //
+      // pf[kk][q] holds row g + 8 (q & 1), columns 16 kk + 8 (q >> 1) + 2t (low half) and + 1
+      // (high half). zf[kk / 2] are the flags of the call for keys 32 (kk / 2) ..: word w =
+      // (r / 8) * 2 + (c / 8) for row r, column c of a 16 x 16 block; in each word, the even
+      // column's bytes are 0 (block kk even) and 1 (block kk odd), the odd column's 2 and 3.
+      // Set mask with dropout::pair_mask(flags, byte of the low weight, byte of the high one).
+      // Trap: the order of the words is not the order of the fragments.
+      const uint32_t e = uint32_t(kk % 2);
+      mask = dropout::pair_mask(zf[kk / 2][(q & 1) * 2 + (q >> 1)], e, 2 + e);
+      // EXERCISE END
+      pf[kk][q] &= mask;
+    }
 }
 
 // ---- the consumer warpgroup: one work item ----------------------------------------------
@@ -156,6 +168,7 @@ struct ItemSteps {
   float (&l)[2];
   float (&alpha)[2];
   uint32_t (&pf)[kBc / 16][4];
+  uint32_t (&zf)[kBc / 32][4];     // dropout (kExtras): the keep flags of the tile in softmax
   unsigned long long &t_s, &t_pv;  // trace: when the S and the PV GEMM in flight began
 
   __device__ __forceinline__ uint32_t k_addr(int it) const {
@@ -236,8 +249,20 @@ struct ItemSteps {
   __device__ __forceinline__ void softmax(int it) {
     const int tile = c.walk.tile(it);
     const unsigned long long t0 = tr.now();
-    softmax_tile<kExtras>(s, m, l, alpha, ri, tile, tile >= c.n_unmasked, p, c);
+    softmax_tile(s, m, l, alpha, ri, tile, tile >= c.n_unmasked, p);
     tr.add(kTraceSoftmax, tile, t0, tr.now());
+  }
+  // Dropout (kExtras): tile it's keep flags, made under the GEMMs, applied once P is packed.
+  __device__ __forceinline__ void make_keep(int it) {
+    if constexpr (kExtras) {
+      if (p.score.dropout) keep_flags(zf, ri, c.walk.tile(it), p, c);
+    }
+  }
+  __device__ __forceinline__ void pack_p() {
+    convert_p<T>(pf, s);
+    if constexpr (kExtras) {
+      if (p.score.dropout) drop_p(pf, zf);
+    }
   }
   // No producer (wgmma, tma-wgmma): everyone is done with tile it's stage, so it is refilled
   // with tile it + 2 (tile it + 1 is already in flight in the other stage): by thread 0's TMA
@@ -261,13 +286,14 @@ struct ItemSteps {
       k_wait_before(it);
       issue_s_of(it);
       k_wait_after(it);
+      make_keep(it);
       wgmma_wait<0>();
       reg_fence(s);
       s_done(tile);
       release_k(it);
       softmax(it);
       rescale_o<D>(o, alpha);
-      convert_p<T>(pf, s);
+      pack_p();
       wait_v(it);
       issue_pv_of(it);
       wgmma_wait<0>();
@@ -287,6 +313,7 @@ struct ItemSteps {
     issue_s_of(0);
     sched_pass();
     k_wait_after(0);
+    make_keep(0);
     wgmma_wait<0>();
     reg_fence(s);
     s_done(c.walk.tile(0));
@@ -313,7 +340,7 @@ struct ItemSteps {
   __device__ __forceinline__ void mainloop_pingpong() {
     first_s();
     rescale_o<D>(o, alpha);
-    convert_p<T>(pf, s);
+    pack_p();
     for (int it = 1; it < n; ++it) {
       k_wait_before(it);
       sched_wait();
@@ -322,6 +349,7 @@ struct ItemSteps {
       issue_pv_of(it - 1);
       sched_pass();
       k_wait_after(it);
+      make_keep(it);
       wgmma_wait<0>();
       reg_fence(s);
       reg_fence(o);
@@ -332,7 +360,7 @@ struct ItemSteps {
       release_v(it - 1);
       softmax(it);
       rescale_o<D>(o, alpha);
-      convert_p<T>(pf, s);
+      pack_p();
     }
     last_pv();
   }
@@ -358,7 +386,7 @@ struct ItemSteps {
     first_s();
     for (int it = 1; it < n; ++it) {
       pv_retire(it - 2);  // (nothing pending at it = 1)
-      convert_p<T>(pf, s);
+      pack_p();
       k_wait_before(it);
       sched_wait();
       issue_s_of(it);
@@ -367,6 +395,7 @@ struct ItemSteps {
       issue_pv_of(it - 1);
       sched_pass();
       k_wait_after(it);
+      make_keep(it);    // under S_it and PV_{it-1}
       wgmma_wait<1>();  // S_it done; PV_{it-1} may still run
       reg_fence(s);
       s_done(c.walk.tile(it));
@@ -375,7 +404,7 @@ struct ItemSteps {
       softmax(it);
     }
     pv_retire(n - 2);
-    convert_p<T>(pf, s);
+    pack_p();
     rescale_o<D>(o, alpha);
     last_pv();
   }
@@ -455,7 +484,7 @@ __device__ __forceinline__ void consume_item(const Item& c, int wg, const KParam
   const uint32_t q_addr = base + Steps::S::kQ + wg * 64 * kRowBytes;  // this warpgroup's rows
 
   float o[D / 2], s[kBc / 2], m[2], l[2], alpha[2];
-  uint32_t pf[kBc / 16][4];
+  uint32_t pf[kBc / 16][4], zf[kBc / 32][4];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
 #pragma unroll
@@ -465,7 +494,7 @@ __device__ __forceinline__ void consume_item(const Item& c, int wg, const KParam
   const KVCopies<typename Steps::S, kStages, kTrace> copy{c, smem, bars, tm_k, tm_v, tr};
   // clang-format off
   Steps ic{c, wg, p, smem, bars, copy, tr, tid, warp, lane, g, t, n, M, kc, vc, base, q_addr,
-           ri, o, s, m, l, alpha, pf, t_s, t_pv};
+           ri, o, s, m, l, alpha, pf, zf, t_s, t_pv};
   // clang-format on
   if (n > 0) {
     if constexpr (!(kFlags & kCpAsync)) bars.q().wait(pos.q);  // (cp.async: with K_0)
