@@ -21,15 +21,10 @@ fa3::Variant variant_named(const std::string& name) {
   return fa3::Variant::three_consumers;  // the runner resolved the name against the descriptor
 }
 
-// Whether the run compiles dropout or a block mask in (those kernels have Br = 128).
-bool has_extras(const Problem& p) {
-  return p.sparsity.active() || p.dropout > 0;
-}
-
-// The descriptor's tiles(), fixed at compile time (fa3::query_tile).
+// The descriptor's tiles(), fixed at compile time (fa3::query_tile; a block mask keeps Br = 128).
 Tiles fixed_tiles(const Problem& p, const RunOptions& opt, const DeviceInfo&) {
   const int br =
-      fa3::query_tile(variant_named(opt.variant), int(p.dim), has_extras(p), int(p.seq_q));
+      fa3::query_tile(variant_named(opt.variant), int(p.dim), p.sparsity.active(), int(p.seq_q));
   if ((opt.tile_q != 0 && opt.tile_q != br) || (opt.tile_k != 0 && opt.tile_k != 128))
     throw BadInput("step 07 fixes its tiles at compile time: Br = " + std::to_string(br) +
                    ", Bc = 128 here (--tile-q, --tile-k)");

@@ -162,13 +162,11 @@ struct Entry {
   int threads, smem, br, stages;
 };
 
-// Variant V's kernel for (T, D): its flags (V names the schedule; three-consumers is the
-// persistent kernel with kConsumers = 3). The persistent kernels' stages: three at d = 64 (the
-// tiles are half as long to compute, so the ring must run further ahead; 144 KiB with three
-// consumers), two at d = 128 (192 KiB).
-template <class T, int D, Variant V, int kConsumers = 2, bool kExtras = false, bool kTrace = false>
-Entry entry() {
-  constexpr int kFlags = flags_of(V);
+// The kernel of schedule kFlags for (T, D). The persistent kernels' stages: three at d = 64
+// (the tiles are half as long to compute, so the ring must run further ahead; 144 KiB with
+// three consumers), two at d = 128 (192 KiB).
+template <class T, int D, int kFlags, int kConsumers, bool kExtras = false, bool kTrace = false>
+Entry entry_of() {
   constexpr bool kPers = (kFlags & kPersist) != 0;
   constexpr int kStages = kPers && D == 64 ? 3 : 2;
   using S = Smem<D, kConsumers, kStages, kPers>;
@@ -181,21 +179,36 @@ Entry entry() {
           kStages};
 }
 
-// The instantiations for (T, D): every variant; three-consumers' Br = 192 kernel (d = 64);
-// dropout and block-sparse compiled into the persistent kernel (`extras`); the trace builds of
-// tma-wgmma, intra-overlap and the persistent kernel (bf16, d = 128).
+// Variant V's kernel (V names the schedule; three-consumers is the persistent kernel with
+// kConsumers = 3).
+template <class T, int D, Variant V, int kConsumers = 2, bool kExtras = false, bool kTrace = false>
+Entry entry() {
+  return entry_of<T, D, flags_of(V), kConsumers, kExtras, kTrace>();
+}
+
+// Three consumers with dropout: ping-pong without the intra-warpgroup overlap. With it, S, P
+// and O (128 of a consumer's 160 registers) stay live across the wgmma beside the keep flags,
+// and ptxas serialises the wgmma (warning C7512); without it they fit.
+constexpr int kThreeWithDropout = kWarpSpec | kPingPong | kPersist;
+
+// The instantiations for (T, D): every variant; three-consumers' Br = 192 kernel (d = 64), and
+// its dropout build; dropout and block-sparse compiled into the two-consumer persistent kernel
+// (`extras`); the trace builds of tma-wgmma, intra-overlap and the persistent kernel (bf16,
+// d = 128).
 template <class T, int D>
-Entry select_as(Variant v, bool extras, bool trace, int seq_q) {
+Entry select_as(Variant v, bool extras, bool block_mask, bool trace, int seq_q) {
   using V = Variant;
   if constexpr (kIsBf16<T> && D == 128) {
     if (trace && v == V::tma_wgmma) return entry<T, D, V::tma_wgmma, 2, false, true>();
     if (trace && v == V::intra_overlap) return entry<T, D, V::intra_overlap, 2, false, true>();
     if (trace) return entry<T, D, V::persistent, 2, false, true>();
   }
-  if (extras) return entry<T, D, V::persistent, 2, true>();
   if constexpr (D == 64) {
-    if (query_tile(v, D, extras, seq_q) == 192) return entry<T, D, V::three_consumers, 3>();
+    if (query_tile(v, D, block_mask, seq_q) == 192)
+      return extras ? entry_of<T, D, kThreeWithDropout, 3, true>()
+                    : entry<T, D, V::three_consumers, 3>();
   }
+  if (extras) return entry<T, D, V::persistent, 2, true>();
   if (v == V::wgmma) return entry<T, D, V::wgmma>();
   if (v == V::tma_wgmma) return entry<T, D, V::tma_wgmma>();
   if (v == V::warp_specialized) return entry<T, D, V::warp_specialized>();
@@ -248,7 +261,8 @@ FwdPlan make_plan(const FwdParams& f, Variant v) {
   plan.params = f;
   plan.variant = v;
   const Entry e = with_type_and_dim(f.bf16, f.dim, [&](auto t, auto d) {
-    return select_as<decltype(t), decltype(d)::value>(v, extras, trace, f.seq_q);
+    return select_as<decltype(t), decltype(d)::value>(v, extras, f.kv_count != nullptr, trace,
+                                                      f.seq_q);
   });
   plan.launcher = e.launch;
   plan.block = dim3(unsigned(e.threads));
@@ -303,6 +317,7 @@ std::string describe(const FwdPlan& plan) {
     s << " persistent grid=" << plan.grid.x << " items=" << plan.items
       << " section=" << plan.section_heads << " heads";
   if (has_extras(plan.params)) s << " extras=dropout+block-sparse";
+  if (has_extras(plan.params) && plan.consumers == 3) s << " (ping-pong without intra-overlap)";
   if (plan.params.trace) s << " trace";
   if (flags_of(plan.variant) & kCpAsync) s << " loads=cp.async";
   if (kFaultSkipKWait) s << " FAULT=skip_k_wait";

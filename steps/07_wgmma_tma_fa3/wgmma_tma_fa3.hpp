@@ -68,12 +68,13 @@ constexpr bool is_persistent(Variant v) {
   return v == Variant::persistent || v == Variant::three_consumers;
 }
 
-// The query tile Br a run uses. three_consumers at d = 64 without dropout or a block mask
-// (`extras`) runs 192-row tiles, unless rounding seq_q up to a multiple of 192 computes more
-// than 1/32 more rows than rounding it up to 128 (seq 1024: 1152 rows against 1024, so it
-// stays at 128; seq 2048 ... 16384 take 192). Everything else: 128. Bc is 128 everywhere.
-constexpr int query_tile(Variant v, int dim, bool extras, int seq_q) {
-  if (v != Variant::three_consumers || dim != 64 || extras) return 128;
+// The query tile Br a run uses. three_consumers at d = 64 without a block mask (whose 128-row
+// blocks a 192-row tile would straddle) runs 192-row tiles, with dropout or without, unless
+// rounding seq_q up to a multiple of 192 computes more than 1/32 more rows than rounding it up
+// to 128 (seq 1024: 1152 rows against 1024, so it stays at 128; seq 2048 ... 16384 take 192).
+// Everything else: 128. Bc is 128 everywhere.
+constexpr int query_tile(Variant v, int dim, bool block_mask, int seq_q) {
+  if (v != Variant::three_consumers || dim != 64 || block_mask) return 128;
   const long long rows192 = (seq_q + 191LL) / 192 * 192, rows128 = (seq_q + 127LL) / 128 * 128;
   return rows192 * 32 <= rows128 * 33 ? 192 : 128;
 }
