@@ -73,6 +73,12 @@ LADDER_HD Slot slot(int64_t i, int64_t j) {
               (r >> 3) * 4u + (c >> 3) * 2u + (c & 1u), uint32_t(j >> 4) & 1u};
 }
 
+// Block e's two 8-bit uniforms in a Philox word, each at the bottom of its 16-bit half (a half
+// holds one position of both blocks, byte e for block e): for kernels that compare halves.
+LADDER_HD uint32_t block_uniforms(uint32_t w, uint32_t e) {
+  return (w >> (8u * e)) & 0x00ff00ffu;
+}
+
 // The 8-bit uniform of half k, byte e of a Philox result.
 LADDER_HD uint32_t uniform(const Philox4& x, uint32_t k, uint32_t e) {
   return (x.w[k >> 1] >> (16u * (k & 1u) + 8u * e)) & 0xffu;

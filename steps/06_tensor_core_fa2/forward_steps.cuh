@@ -101,11 +101,12 @@ __device__ __forceinline__ void online_softmax(float (&s)[C::kSlices][C::kBc / 8
 // keys): w0 = row g of the even tile, w1 = row g of the odd tile, w2 and w3 the same for row
 // g + 8, the even column in the low 16 bits; in each 16-bit half, byte e is block e's uniform.
 // A dropped P_ij becomes 0. Per pair of elements: the block's two bytes moved to the bottom of
-// each half (a shift and an AND), the high half one unsigned compare (w >= t << 16: its low
-// bits cannot change the outcome), the low half an AND and a compare, then two selects.
+// each half (dropout::block_uniforms: a shift and an AND), the high half one unsigned compare (w >=
+// t << 16: its low bits cannot change the outcome), the low half an AND and a compare, then two
+// selects.
 __device__ __forceinline__ void keep_pair(float& lo, float& hi, uint32_t w, uint32_t e,
                                           uint32_t t) {
-  w = (w >> (8 * e)) & 0x00ff00ffu;
+  w = dropout::block_uniforms(w, e);
   lo = (w & 0xffffu) >= t ? lo : 0.f;
   hi = w >= (t << 16) ? hi : 0.f;
 }

@@ -210,7 +210,8 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
           // key g, tile nt; z[1] = key g + 8, tile nt; z[2], z[3] the same for tile nt + 1; in
           // each, the low 16 bits hold query 2t's 8-bit uniform, the high 16 bits query 2t + 1's.
           // Tools: dropout::philox (common/dropout.hpp: which lane of the FORWARD's layout holds
-          // an element, and which byte of which 16-bit half), and transpose_b16 (mma.cuh). One
+          // an element, and which byte of which 16-bit half), dropout::block_uniforms (a block's
+          // bytes at the bottom of their halves) and transpose_b16 (mma.cuh). One
           // call per block is enough (this warp uses the bytes of its own 16 keys; the other
           // half of the call belongs to the neighbouring warp's keys): ask which forward lane's
           // elements this lane's own number selects, and where those elements sit in S^T.
@@ -218,7 +219,7 @@ __global__ void __launch_bounds__(BwdConfig<T, D>::kThreads, 1)
               dropout::philox((key16 / 2) * 32u + lane, q16 + nt / 2, hq, b, p.seed_lo, p.seed_hi);
 #pragma unroll
           for (int r = 0; r < 4; ++r)
-            z[r] = (transpose_b16(zf.w[r]) >> (8 * (key16 % 2))) & 0x00ff00ffu;
+            z[r] = dropout::block_uniforms(transpose_b16(zf.w[r]), key16 % 2);
           // EXERCISE END
         }
       }

@@ -141,7 +141,7 @@ struct BwdSteps {
       uint32_t bits = 0;
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const uint32_t z = (transpose_b16(ph.w[q]) >> (8 * (key16 % 2))) & 0x00ff00ffu;
+        const uint32_t z = dropout::block_uniforms(transpose_b16(ph.w[q]), key16 % 2);
         bits |= uint32_t((z & 0xffffu) >= p.score.drop_threshold) << (2 * q);
         bits |= uint32_t((z >> 16) >= p.score.drop_threshold) << (2 * q + 1);
       }
