@@ -114,12 +114,12 @@ bool capturing(cudaStream_t stream) {
   return capture != cudaStreamCaptureStatusNone;
 }
 
-// The persistent kernels' work counter: 4 bytes of device memory that every launch leaves at
-// zero. Launches that share one must not overlap, so there is one per (device, stream), kept
-// for the life of the process (a stream's launches run one after another). A new counter is
-// zeroed on its own stream, before the launch that will use it (captured into the graph when
-// the stream is capturing); its allocation is made in relaxed capture mode, as PyTorch's
-// allocator makes its own.
+// The persistent kernels' work counter (forward and backward): 4 bytes of device memory that
+// every launch leaves at zero. Launches that share one must not overlap, so there is one per
+// (device, stream), kept for the life of the process (a stream's launches run one after
+// another). A new counter is zeroed on its own stream, before the launch that will use it
+// (captured into the graph when the stream is capturing); its allocation is made in relaxed
+// capture mode, as PyTorch's allocator makes its own.
 unsigned int* tile_counter(int dev, cudaStream_t stream) {
   static std::mutex mutex;
   static std::map<std::pair<int, uintptr_t>, unsigned int*> counters;
@@ -242,6 +242,7 @@ cudaError_t backward(const BwdArgs& a, cudaStream_t stream, bool bf16) {
   b.dout_strides = strides(a.dout_strides);
   b.dq = a.dq, b.dk = a.dk, b.dv = a.dv;
   b.dq_acc = a.dq_acc, b.lse2 = a.lse2, b.dsum = a.dsum;
+  b.tile_counter = tile_counter(dev, stream);  // the forward's: one stream's launches are in order
   b.negate_dq = a.scale_dq < 0;  // Q arrives negated: dQ for the caller's Q is the negation
   b.q_count = a.mask.count, b.q_index = a.mask.index;  // null: no block mask
   const bool extras = b.dropout_p > 0.f || b.q_count != nullptr;
@@ -256,7 +257,8 @@ cudaError_t backward(const BwdArgs& a, cudaStream_t stream, bool bf16) {
       throw std::runtime_error(
           "a new shape while a CUDA graph is being captured: run the same shapes once before "
           "capturing (rung 7's plans are cached)");
-    return fa3::make_bwd_plan(b, kBwdVariant);  // no synchronisation: no counter
+    // No synchronisation: the backward's pre-pass zeroes the counter on the stream.
+    return fa3::make_bwd_plan(b, kBwdVariant);
   });
   const void* const addresses[5] = {b.q, b.k, b.v, b.dout, b.dq_acc};
   const void* const planned[5] = {plan.params.q, plan.params.k, plan.params.v, plan.params.dout,

@@ -28,22 +28,23 @@ __device__ __forceinline__ void issue_dq(float (&acc)[32], uint32_t ds, uint32_t
   }
 }
 
-// dS^T (A fragments f, this thread's keys row0 and row0 + 8 of the tile, row0 = 64w + 16wp + g)
-// into the [Br / 64 query halves][Bc keys][64 queries] buffer, 128-byte swizzle: 16-byte chunk
-// c of row r at c ^ (r % 8). Fragment register q holds key row0 + 8 (q & 1), queries
-// 16kk + 8 (q >> 1) + 2t, +1: one 4-byte store; the 32 lanes hit 32 different banks.
+// dS^T (A fragments f of this warp's 16 keys, rows key0 .. key0 + 15 of the tile) into the
+// [Br / 64 query halves][Bc keys][64 queries] buffer, 128-byte swizzle: 16-byte chunk c of row r
+// at c ^ (r % 8). Fragment register q of k-step kk is the 8 x 8 matrix of keys key0 + 8 (q & 1)
+// .., queries 16kk + 8 (q >> 1) ..: one stmatrix per k-step, lane l giving the address of row
+// l % 8 of matrix l / 8 (each matrix row is one 16-byte chunk; the 8 rows of a matrix sit in 8
+// different chunk columns, so the stores are conflict-free).
 template <int kBr>
 __device__ __forceinline__ void store_ds_t(unsigned char* buf, const uint32_t (&f)[kBr / 16][4],
-                                           int row0, int g, int t) {
+                                           int key0, int lane) {
+  const int m = lane / 8, r = lane % 8, key = key0 + 8 * (m & 1) + r;  // key % 8 == r
+  const uint32_t row = smem_u32(buf) + key * kRowBytes;
 #pragma unroll
-  for (int kk = 0; kk < kBr / 16; ++kk)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int row = row0 + 8 * (q & 1), col = 16 * kk + 8 * (q >> 1) + 2 * t;
-      const int off = (col / 64) * (kBc * kRowBytes) + row * kRowBytes +
-                      ((((col % 64) / 8) ^ g) * 16) + (col % 8) * 2;  // row % 8 == g
-      *reinterpret_cast<uint32_t*>(buf + off) = f[kk][q];
-    }
+  for (int kk = 0; kk < kBr / 16; ++kk) {
+    const int col = 16 * kk + 8 * (m >> 1);
+    stmatrix_x4(row + (col / 64) * (kBc * kRowBytes) + ((((col % 64) / 8) ^ r) * 16), f[kk][0],
+                f[kk][1], f[kk][2], f[kk][3]);
+  }
 }
 
 // dQ part (64 x 64 fp32, accumulator layout: dq[4c + 2r + i] = row 16wp + g + 8r, column
@@ -97,13 +98,12 @@ template <class T, int D, bool kDqTma, bool kExtras>
 struct BwdSteps {
   using C = Cfg<D>;
   static constexpr int kBr = C::kBr;
-  const Ctx& c;
+  const Ctx& c;  // the current unit's (consumer() moves it on)
   const int& w;
   const KParams& p;
   const int &wp, &lane, &g, &t, &M, &N, &row0, &dq_row0, &dq_col0;
   const float* const& s_l;
   const float* const& s_d;
-  const uint32_t& key16;
   uint32_t (&keep)[(kBr / 16 + 3) / 4];
   float (&dk)[D / 2];
   float (&dv)[D / 2];
@@ -133,6 +133,7 @@ struct BwdSteps {
 #pragma unroll
     for (int k = 0; k < (kBr / 16 + 3) / 4; ++k) keep[k] = ~0u;
     if (!p.score.dropout) return;
+    const uint32_t key16 = uint32_t(c.j0 + 64 * w + 16 * wp) / 16u;
 #pragma unroll
     for (int kk = 0; kk < kBr / 16; ++kk) {
       const dropout::Philox4 ph =
@@ -216,8 +217,8 @@ struct BwdSteps {
 
   __device__ __forceinline__ void store_grads() {
     // dK_j = scale dK_j; dV_j (x 1 / (1 - p) with dropout), rounded to T and stored from the
-    // accumulator layout (4-byte stores, once per CTA). Keys past N are not stored. A CTA with
-    // no item stores zeros: keys that no query sees get zero gradients.
+    // accumulator layout (4-byte stores, once per unit). Keys past N are not stored. A unit
+    // with no item stores zeros: keys that no query sees get zero gradients.
     float dv_scale = 1.f;
     if constexpr (kExtras) {
       if (p.score.dropout) dv_scale = p.score.drop_rescale;
@@ -240,9 +241,9 @@ struct BwdSteps {
   }
 };
 
-// ---- the consumer warpgroup w (keys 64w .. 64w+63 of the tile) --------------------------------
+// ---- the consumer warpgroup w (keys 64w .. 64w+63 of each unit's K/V tile) -------------------
 template <class T, int D, bool kDqTma, bool kExtras>
-__device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) {
+__device__ __forceinline__ void consumer(Ctx c, int w, const KParams& p) {
   using C = Cfg<D>;
   constexpr int kBr = C::kBr;
   const int tid = threadIdx.x % kWGThreads, wp = tid / 32, lane = tid % 32;
@@ -266,42 +267,50 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
   const int dq_row0 = D == 128 ? 0 : 64 * w, dq_col0 = D == 128 ? 64 * w : 0;
   const float* s_l = reinterpret_cast<const float*>(c.smem + C::kL);
   const float* s_d = reinterpret_cast<const float*>(c.smem + C::kDsum);
-  [[maybe_unused]] const uint32_t key16 = uint32_t(c.j0 + 64 * w + 16 * wp) / 16u;
 
   [[maybe_unused]] uint32_t keep[(kBr / 16 + 3) / 4];
   // clang-format off
   BwdSteps<T, D, kDqTma, kExtras> steps{
-      c, w, p, wp, lane, g, t, M, N, row0, dq_row0, dq_col0, s_l, s_d, key16, keep, dk, dv};
+      c, w, p, wp, lane, g, t, M, N, row0, dq_row0, dq_col0, s_l, s_d, keep, dk, dv};
   // clang-format on
 
-  // The schedule, per item x (every wgmma wait is either in the item that issued the product or,
-  // for a product carried over the loop edge, a wait_group 0 at the top: ptxas serialises all
-  // wgmma (C7514) when it cannot tell which group a wait leaves running, and it moves a wait
-  // up through straight-line code, which only the loop edge stops):
+  // The schedule, per item x of a unit (every wgmma wait is either in the item that issued the
+  // product or, for a product carried over the loop edge, a wait_group 0 at the top: ptxas
+  // serialises all wgmma (C7514) when it cannot tell which group a wait leaves running, and it
+  // moves a wait up through straight-line code, which only the loop edge stops):
   //   top      wait dP^T_x; dS_x; issue dV, dK; dS^T to shared memory; barrier; issue dQ_x;
   //            wait dV, dK -> release the stage
   //   next     issue S^T_{x+1}; [Z of x + 1]; wait dQ_x -> out (under S^T_{x+1});
   //            wait S^T_{x+1}; issue dP^T_{x+1}; P^T_{x+1} (under dP^T_{x+1}) -> loop edge
-  // After the last item the next S^T, dP^T and P^T are computed anyway on the stage just used
-  // (nobody writes it any more) and dropped, so that issue, commit and wait are the same on
-  // every path through the loop (another C7514 condition); it costs one item's first third.
-  mbar_wait(&g_bars.kv, 0);  // K_j, V_j landed (or the producer said there is no item)
-  if (g_has_items) {
-    float s[kBr / 2], dp[kBr / 2], dq[32];
-    uint32_t pf[kBr / 16][4];
-    const Pipeline<kStages> q = q_ring(), dO = do_ring();
-    q.wait(0);
-    ItemInfo item = g_items[0];  // (after the wait: written before the phase completed)
-    issue_abt<T, D, kBc, kBr>(s, k_rows, base + C::kQ);
+  // After a unit's last item the next S^T, dP^T and P^T are computed anyway on the stage just
+  // used (released only after them) and dropped, so that issue, commit and wait are the same on
+  // every path through the loop (another C7514 condition); it costs one item's first third per
+  // unit. Then the unit's K_j, V_j are released (the producer loads the next unit's; its first
+  // Q and dO tiles are already in flight), and dK_j, dV_j are stored while they land.
+  const Pipeline<1> kv = kv_ring();
+  kv.wait(0);  // unit 0's K_j, V_j landed (or the producer said there is no item)
+  if (!g_has_items) {
+    steps.store_grads();  // zeros
+    return;
+  }
+  float s[kBr / 2], dp[kBr / 2], dq[32];
+  uint32_t pf[kBr / 16][4];
+  const Pipeline<kStages> q = q_ring(), dO = do_ring();
+  for (int unit = 0, x = 0;; ++unit, ++x) {  // x: the CTA's items so far (the rings' uses)
+    kv.wait(unit);
+    q.wait(x);
+    ItemInfo item = g_items[x % kItemSlots];  // (after the wait: written before the phase)
+    set_unit(c, p, item.jt, item.h / p.group, item.b());
+    issue_abt<T, D, kBc, kBr>(s, k_rows, base + C::kQ + q.stage(x) * C::kQBytes);
     if constexpr (kExtras) steps.make_keep(item.h, item.i0);
     wgmma_wait<0>();
     reg_fence(s);
-    dO.wait(0);
-    issue_abt<T, D, kBc, kBr>(dp, v_rows, base + C::kDO);
-    steps.exp_p(s, pf, item.i0, 0);
-    for (int x = 0;; ++x) {
+    dO.wait(x);
+    issue_abt<T, D, kBc, kBr>(dp, v_rows, base + C::kDO + q.stage(x) * C::kQBytes);
+    steps.exp_p(s, pf, item.i0, int(q.stage(x)));
+    for (;; ++x) {
       const int st = int(q.stage(x));
-      const int h = item.h, i0 = item.i0, last = item.last;
+      const int h = item.h, i0 = item.i0, last = item.unit_last();
       const uint32_t q_tile = base + C::kQ + st * C::kQBytes;
       const uint32_t do_tile = base + C::kDO + st * C::kQBytes;
 
@@ -327,7 +336,7 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
       // x - 1, which the other warpgroup reaches only after its own dQ of item x - 2 (that
       // buffer's last reader) has completed.
       unsigned char* ds_buf = c.smem + C::kDS + (x & 1) * C::kDSBytes;
-      store_ds_t<kBr>(ds_buf, sf, row0, g, t);
+      store_ds_t<kBr>(ds_buf, sf, 64 * w + 16 * wp, lane);
       fence_proxy_async_shared();
       bar_sync(kBarDS, 2 * kWGThreads);
       issue_dq<T>(dq, smem_u32(ds_buf) + ds_half, k_dq);
@@ -339,7 +348,7 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
       reg_fence(dk);
       reg_fence(pf);
       reg_fence(sf);
-      q.release(x, lane == 0);  // (and dO's)
+      if (!last) q.release(x, lane == 0);  // (and dO's)
 
       // The next item's S^T (on this stage again after the last item); this item's dQ out
       // while it runs.
@@ -366,9 +375,13 @@ __device__ __forceinline__ void consumer(const Ctx& c, int w, const KParams& p) 
     }
     wgmma_wait<0>();  // the dropped dP^T
     reg_fence(dp);
+    q.release(x, lane == 0);
+    kv.release(unit, lane == 0);
+    steps.store_grads();
+    if (item.last()) break;
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) dk[i] = 0.f, dv[i] = 0.f;
   }
-
-  steps.store_grads();
 }
 
 }  // namespace

@@ -13,7 +13,7 @@ namespace ladder::fa3 {
 namespace {
 
 // ---- tiles, shared memory, barriers ------------------------------------------------------
-// Bc = 128 keys per CTA: two consumer warpgroups x 64 (wgmma's M). The register split is the
+// Bc = 128 keys per unit: two consumer warpgroups x 64 (wgmma's M). The register split is the
 // forward's with two consumers, 24 / 240 (fa3.cuh).
 constexpr int kStages = 2, kThreads = 3 * kWGThreads;
 constexpr int kConsumerRegs = consumer_regs(2);
@@ -30,6 +30,8 @@ struct Cfg {
   static constexpr int kQBytes = kBr * D * 2;     // one stage of Q (or dO): d / 64 column halves
   static constexpr int kKVBytes = kBc * D * 2;    // K or V
   static constexpr int kDSBytes = kBc * kBr * 2;  // one dS^T buffer: Br / 64 query halves
+  // One K/V stage: a second (the next unit's K_j, V_j landing while this one's last items run)
+  // would need 64 KiB more at d = 128 and 32 at d = 64, and neither fits beside the rest.
   static constexpr int kK = 0;
   static constexpr int kV = kK + kKVBytes;
   static constexpr int kQ = kV + kKVBytes;
@@ -47,7 +49,8 @@ struct Cfg {
 
 // The mbarriers (static shared memory).
 struct Bars {
-  uint64_t kv;           // K_j and V_j landed (1 arrival + bytes)
+  uint64_t kv_full;      // a unit's K_j and V_j landed (1 arrival + bytes)
+  uint64_t kv_empty;     // both warpgroups done with a unit's K_j, V_j (8 warps)
   uint64_t full_q[2];    // Q_i and L_i of a stage landed
   uint64_t full_do[2];   // dO_i and D_i landed
   uint64_t empty[2];     // both warpgroups done with a stage (8 warps)
@@ -63,6 +66,10 @@ struct KParams {
   void* dk;
   void* dv;
   int heads, heads_kv, group, seq_q, seq_k, m_pad;
+  // K/V tiles per K/V plane; units = n_kt x heads_kv x batch (tile_scheduler.cuh); the
+  // persistent CTAs' work counter (null: one unit per CTA)
+  int n_kt, units;
+  unsigned int* counter;
   ScoreParams score;  // dropout (kExtras): dV *= drop_rescale
   // block-sparse (kExtras; q_count null = dense): the host's lists of kept query blocks
   const int* q_count;
@@ -71,14 +78,18 @@ struct KParams {
 };
 
 // What the producer tells the others about item x, in shared memory slot x % 4: query head h,
-// first query row i0, last = no item follows. Written before the arrive that completes the full_q
-// phase of item x's stage, so a consumer that has waited for that phase reads it, and so does the
-// dQ writer, which waits for the consumers' dq_full of item x. Four slots: the producer rewrites
-// slot x % 4 for item x + 4 only after both consumers released item x + 2's stage, by which time
-// they have staged item x + 1's dQ, which needed the writer to be done with item x. Only the
-// producer walks the items.
+// first query row i0, the unit's K/V tile jt and batch b, and two flags: the item is its unit's
+// last (dK, dV are complete after it) and the CTA's last. Written before the arrive that
+// completes the full_q phase of item x's stage, so a consumer that has waited for that phase
+// reads it, and so does the dQ writer, which waits for the consumers' dq_full of item x. Four
+// slots: the producer rewrites slot x % 4 for item x + 4 only after both consumers released item
+// x + 2's stage, by which time they have staged item x + 1's dQ, which needed the writer to be
+// done with item x. Only the producer walks the items.
 struct ItemInfo {
-  int h, i0, last, pad;
+  int h, i0, jt, b_flags;  // b_flags = b << 2 | kUnitLast | kLast
+  __device__ __forceinline__ int b() const { return b_flags >> 2; }
+  __device__ __forceinline__ bool unit_last() const { return b_flags & 2; }
+  __device__ __forceinline__ bool last() const { return b_flags & 1; }
 };
 constexpr int kItemSlots = 4;
 
@@ -87,7 +98,7 @@ constexpr int kItemSlots = 4;
 __shared__ Bars g_bars;
 __shared__ ItemInfo g_items[kItemSlots];  // written by the producer
 __shared__ int g_has_items;               // written by the producer before it arrives on bar_kv
-__shared__ int g_walk[4];                 // the producer's BwdWalk constants (tile_scheduler.cuh)
+__shared__ int g_walk[8];                 // the producer's BwdWalk constants (tile_scheduler.cuh)
 
 // The rings over g_bars (Pipeline, hopper.cuh). Q_i (+ L_i) and dO_i (+ D_i) fill one stage
 // with a full barrier each and share its empty barrier: both are released at once. Consumer
@@ -97,6 +108,10 @@ __device__ __forceinline__ Pipeline<kStages> q_ring() {
 }
 __device__ __forceinline__ Pipeline<kStages> do_ring() {
   return {g_bars.full_do, g_bars.empty};
+}
+// K_j and V_j of the CTA's units in a one-stage ring: use u is the CTA's unit u.
+__device__ __forceinline__ Pipeline<1> kv_ring() {
+  return {&g_bars.kv_full, &g_bars.kv_empty};
 }
 __device__ __forceinline__ Pipeline<1> dq_ring(int w) {
   return {&g_bars.dq_full[w], &g_bars.dq_empty[w]};

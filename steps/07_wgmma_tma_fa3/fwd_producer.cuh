@@ -187,7 +187,7 @@ __device__ __forceinline__ void persistent_producer(const KParams& p, unsigned c
       ++pos.q;
       produce_kv<true>(KVCopies<S, kStages, kTrace>{c, smem, bars, tm_k, tm_v, tr}, pos);
     }
-    idx = take_next_item(p);
+    idx = take_next(p.counter, p.items);
     publish_item(bars.sched(), bars.next_item, published, idx);
   }
 }

@@ -468,6 +468,16 @@ __device__ __forceinline__ uint32_t transpose_b16(uint32_t x) {
   return y;
 }
 
+// Four 8x8 matrices of 16-bit values from the fragment layout to shared memory, one instruction
+// (stmatrix): register m of lane (g, t) holds row g, columns 2t and 2t + 1 of matrix m; lane l
+// gives the address of row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned).
+__device__ __forceinline__ void stmatrix_x4(uint32_t row_addr, uint32_t m0, uint32_t m1,
+                                            uint32_t m2, uint32_t m3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(row_addr),
+               "r"(m0), "r"(m1), "r"(m2), "r"(m3)
+               : "memory");
+}
+
 // Nanoseconds since an arbitrary epoch, one clock for the whole GPU (the trace build).
 __device__ __forceinline__ unsigned long long global_timer_ns() {
   unsigned long long t;

@@ -32,14 +32,14 @@ Tiles fixed_tiles(const Problem& p, const RunOptions& opt, const DeviceInfo&) {
 }
 
 // Device memory beyond inputs and outputs: a block mask's index lists (both directions with
-// the backward), the persistent kernels' 4-byte work counter, and the backward's fp32 dQ
+// the backward), the persistent kernels' 4-byte work counters, and the backward's fp32 dQ
 // accumulator with LSE log2(e) and D per (padded) query row.
 double workspace_bytes(const Problem& p, const RunOptions& opt) {
   double bytes = (fa3::is_persistent(variant_named(opt.variant)) ? 4.0 : 0.0) + block_list_bytes(p);
   if (p.backward) {
     const double rows_padded = double((p.seq_q + fa3::kBwdRowPad - 1) / fa3::kBwdRowPad) *
                                fa3::kBwdRowPad * double(p.batch * p.heads);
-    bytes += 4.0 * double(p.q_numel()) + 8.0 * rows_padded;
+    bytes += 4.0 * double(p.q_numel()) + 8.0 * rows_padded + 4.0;
   }
   return bytes;
 }
@@ -87,6 +87,8 @@ RunResult run_typed(const Problem& p, const Inputs& in, Outputs& out, const RunO
     DeviceBuffer<float> dq_acc(ws.dq_acc_bytes / 4), lse2(ws.lse2_bytes / 4),
         dsum(ws.dsum_bytes / 4);
     b.dq_acc = dq_acc.get(), b.lse2 = lse2.get(), b.dsum = dsum.get();
+    DeviceBuffer<uint32_t> bwd_counter(1);  // the persistent backward's (its pre-pass zeroes it)
+    b.tile_counter = bwd_counter.get();
     const fa3::BwdPlan bplan = fa3::make_bwd_plan(b);
     g.backward([&] { fa3::launch_bwd(bplan); });
     g.result.config += "; " + fa3::describe(bplan);

@@ -1,6 +1,6 @@
 // Rung 07's tile schedulers, in one place: which work a CTA does, forward (the items, their K/V
-// walk, the persistent order and hand-off) and backward (the K/V tile a CTA owns, its walk over
-// the Q tiles). P is the kernel's KParams (fwd_params.cuh or bwd_params.cuh).
+// walk, the persistent order and hand-off) and backward (the K/V tiles a CTA owns in turn, the
+// walk over the Q tiles of each). P is the kernel's KParams (fwd_params.cuh or bwd_params.cuh).
 #pragma once
 #include "fa3.cuh"
 
@@ -79,15 +79,15 @@ __device__ __forceinline__ void item_coords(const P& p, int idx, int& mt, int& b
   bh = h0 + j % hs;
 }
 
-// The persistent kernels' next item. The first item of CTA b is b; the counter hands out
-// gridDim.x, gridDim.x + 1, ..., and an index >= items means "no more". Every CTA takes exactly
-// one such index, so the counter is incremented exactly `items` times per launch (items -
-// gridDim.x real ones + gridDim.x final ones): the CTA that receives items - 1 made the last
-// increment and sets the counter back to zero for the next launch. The producer's thread.
-template <class P>
-__device__ __forceinline__ int take_next_item(const P& p) {
-  const unsigned int taken = atomicAdd(p.counter, 1u);
-  if (taken == unsigned(p.items) - 1u) atomicExch(p.counter, 0u);
+// The persistent kernels' next work index (the forward's items, the backward's units). The
+// first of CTA b is b; the counter hands out gridDim.x, gridDim.x + 1, ..., and an index >= count
+// means "no more". Every CTA takes exactly one such index, so the counter is incremented exactly
+// `count` times per launch (count - gridDim.x real ones + gridDim.x final ones): the CTA that
+// receives count - 1 made the last increment and sets the counter back to zero for the next
+// launch. The producer's thread.
+__device__ __forceinline__ int take_next(unsigned int* counter, int count) {
+  const unsigned int taken = atomicAdd(counter, 1u);
+  if (taken == unsigned(count) - 1u) atomicExch(counter, 0u);
   return int(gridDim.x + taken);
 }
 
@@ -118,48 +118,64 @@ struct RingPos {
   uint32_t k = 0, v = 0, q = 0;
 };
 
-// ---- backward: the K/V tile a CTA owns --------------------------------------------------
-// CTA (x, y, z) owns K/V tile x (Bc keys) of K/V head y of batch z; its items are the Q tiles of
-// the group's query heads that see those keys (BwdWalk, below).
+// ---- backward: the units (K/V tiles) a CTA owns -----------------------------------------
+// Unit u is K/V tile u % n_kt of K/V plane u / n_kt (plane = b heads_kv + hk): a plane's tiles
+// are consecutive, so the CTAs running at once share a few planes' Q and dO in the L2, and
+// inside a plane the first tiles come first (causal: they are seen by the most Q tiles, and the
+// last units of the launch are the lightest). CTA b's first unit is b; with a work counter the
+// persistent CTAs take the next ones from it (take_next) as they finish, else each owns one.
 struct Ctx {
   int j0, hk, b, bhk;  // first key; K/V head; batch; K/V plane b * heads_kv + hk
   int M, N;
   unsigned char* smem;  // 1024-aligned base of the dynamic shared memory
 };
+// The unit of K/V tile jt of K/V head hk, batch b.
 template <class P>
-__device__ __forceinline__ Ctx cta_kv_tile(const P& p, unsigned char* smem) {
+__device__ __forceinline__ void set_unit(Ctx& c, const P& p, int jt, int hk, int b) {
+  c.j0 = jt * kBc, c.hk = hk, c.b = b;
+  c.bhk = b * p.heads_kv + hk;
+}
+template <class P>
+__device__ __forceinline__ Ctx unit_ctx(const P& p, int u, unsigned char* smem) {
   Ctx c;
-  c.j0 = int(blockIdx.x) * kBc, c.hk = int(blockIdx.y), c.b = int(blockIdx.z);
-  c.bhk = c.b * p.heads_kv + c.hk;
+  const int bhk = u / p.n_kt;
+  set_unit(c, p, u - bhk * p.n_kt, bhk % p.heads_kv, bhk / p.heads_kv);
   c.M = p.seq_q, c.N = p.seq_k;
   c.smem = smem;
   return c;
 }
 
-// ---- backward: the items one CTA walks (the producer) -----------------------------------
+// ---- backward: the items of one unit (the producer) --------------------------------------
 // For each query head hh of the group in turn, the Q tiles from i_first (the first tile that sees
 // a key of this K/V tile under the causal mask) to the end; block-sparse: only the tiles of the
 // kept query blocks in that head's mask row for this key block (ascending).
-// Only the position is state (the producer runs on 24 registers): the walk's constants are
-// computed once into shared memory (`k`, the producer's own: bwd_params.cuh's g_walk) and read
-// back when a range ends.
+// Only the position is state (the producer runs on 24 registers): the walk's constants and the
+// unit's coordinates are computed once per unit into shared memory (`k`, the producer's own:
+// bwd_params.cuh's g_walk) and read back when a range ends or a load needs them.
 template <class P, bool kSparse, int kBr>
 struct BwdWalk {
-  int (&k)[4];                // tiles_q, i_first, mask row of head 0, mask row stride per head
+  // tiles_q, i_first, mask row of head 0, mask row stride per head; the unit's jt, hk, b
+  int (&k)[8];
   int hh, tile, tile_end, e;  // e: the next list entry of head hh (dense: 0 or 1)
 
+  __device__ __forceinline__ int jt() const { return k[4]; }
+  __device__ __forceinline__ int hk() const { return k[5]; }
+  __device__ __forceinline__ int b() const { return k[6]; }
   __device__ __forceinline__ bool valid(const P& p) const { return hh < p.group; }
-  __device__ __forceinline__ void start(const P& p) {
+  // The walk of unit u.
+  __device__ __forceinline__ void start(const P& p, int u) {
+    const int bhk = u / p.n_kt, jt = u - bhk * p.n_kt, hk = bhk % p.heads_kv, b = bhk / p.heads_kv;
+    k[4] = jt, k[5] = hk, k[6] = b;
     k[0] = (p.seq_q + kBr - 1) / kBr;
     // Bottom-right causal: key j visible to query i iff j <= i + N - M, so rows below
     // j0 - (N - M) see no key of this tile (every key < N is seen by the last row).
-    k[1] = p.score.causal ? max(0, int(blockIdx.x) * kBc - (p.seq_k - p.seq_q)) / kBr : 0;
+    k[1] = p.score.causal ? max(0, jt * kBc - (p.seq_k - p.seq_q)) / kBr : 0;
     if constexpr (kSparse) {
       // Mask row of (b', h', key block J): (b' mask_heads + h') nJ + J, with b' = 0 if the mask
       // is shared by the batch, h' = 0 if shared by the heads; query head h = hk group + hh.
-      const int mb = p.mask_batch == 1 ? 0 : int(blockIdx.z);
-      const int mh0 = p.mask_heads == 1 ? 0 : int(blockIdx.y) * p.group;
-      k[2] = (mb * p.mask_heads + mh0) * p.mask_nJ + int(blockIdx.x) / p.bn_tiles;
+      const int mb = p.mask_batch == 1 ? 0 : b;
+      const int mh0 = p.mask_heads == 1 ? 0 : hk * p.group;
+      k[2] = (mb * p.mask_heads + mh0) * p.mask_nJ + jt / p.bn_tiles;
       k[3] = p.mask_heads == 1 ? 0 : p.mask_nJ;
     }
     hh = 0, e = 0, tile = tile_end = 0;

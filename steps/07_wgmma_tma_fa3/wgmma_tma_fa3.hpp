@@ -240,6 +240,14 @@ struct BwdParams : Attention {  // Attention: the forward's
   // ascending) their indices.
   const int* q_count = nullptr;
   const int* q_index = nullptr;
+
+  // With tile_counter and no block mask the main kernel is persistent: as many CTAs as fit at
+  // once, each taking the next K/V tile from the counter as it finishes one (4 bytes of device
+  // memory, zero before a launch and left zero by it, like the forward's, which it may be: one
+  // stream's launches never overlap). Without it, one CTA per K/V tile. max_ctas > 0 caps the
+  // persistent CTAs (the self-test gives each CTA several tiles at small shapes this way).
+  unsigned int* tile_counter = nullptr;
+  int max_ctas = 0;
 };
 
 struct BwdWorkspace {
@@ -255,6 +263,7 @@ struct BwdPlan {
   void (*launcher)(const BwdPlan&, cudaStream_t) = nullptr;  // the chosen instantiation's
   dim3 grid, block;
   int smem_bytes = 0, regs = 0, br = 0, bc = 0, stages = 0;
+  int units = 0;  // K/V tiles x K/V heads x batch; grid.x < units: persistent CTAs
 };
 
 // Checks the parameters, encodes the tensor maps, sets the main kernel's shared-memory limit.

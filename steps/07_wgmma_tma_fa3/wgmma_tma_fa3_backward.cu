@@ -43,6 +43,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -66,10 +68,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                    const __grid_constant__ CUtensorMap tm_do,
                    const __grid_constant__ CUtensorMap tm_dq, const KParams p) {
   extern __shared__ unsigned char smem_raw[];
-  const Ctx c = cta_kv_tile(p, align_1024(smem_raw));  // the K/V tile this CTA owns
+  const Ctx c = unit_ctx(p, int(blockIdx.x), align_1024(smem_raw));  // the CTA's first unit
 
   if (threadIdx.x == 0) {
-    mbar_init(&g_bars.kv, 1);
+    kv_ring().init(1, 2 * 4);  // the producer's arrive.expect_tx; one arrive per consumer warp
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {  // Q's and dO's rings
       mbar_init(&g_bars.full_q[st], 1);     // the producer's arrive.expect_tx, then the bytes
@@ -91,7 +93,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (warp == 0) {
       if (elect_one()) producer<D, kExtras>(c.smem, &tm_q, &tm_k, &tm_v, &tm_do, p);
     } else if (kDqTma && warp == 1) {
-      if (elect_one()) dq_writer<D>(c, &tm_dq, p);
+      if (elect_one()) dq_writer<D>(c.smem, &tm_dq, p);
     }
   } else {
     setmaxnreg_inc<kConsumerRegs>();
@@ -106,12 +108,13 @@ constexpr int kPrepassThreads = 256, kPrepassRows = kPrepassThreads / 8;  // 8 l
 // Rows of the padded [B H, m_pad] workspace: D_i = rowsum(dO_i o O_i) (8 lanes per row, 16-byte
 // chunks, three xor-shuffles; O and dO in their own strides), L_i = LSE_i log2(e) with -inf ->
 // +inf; the padding rows past seq_q get D = 0, L = +inf (so P = 0 there). Then a grid-stride
-// zeroing of dQ_acc.
+// zeroing of dQ_acc, and of the main kernel's work counter (if any: whatever an earlier launch
+// that did not finish left there, this one starts from zero).
 template <class T, int D>
 __global__ void __launch_bounds__(kPrepassThreads)
     bwd_prepass_kernel(const T* o, const T* dout, Strides os, Strides ds, const float* lse,
-                       float* lse2, float* dsum, float* dq_acc, int heads, int bh_count, int M,
-                       int m_pad) {
+                       float* lse2, float* dsum, float* dq_acc, unsigned int* counter, int heads,
+                       int bh_count, int M, int m_pad) {
   const int sub = threadIdx.x & 7;
   const int64_t rows = int64_t(bh_count) * m_pad;
   const int64_t row = int64_t(blockIdx.x) * kPrepassRows + threadIdx.x / 8;
@@ -143,6 +146,7 @@ __global__ void __launch_bounds__(kPrepassThreads)
     const float l = real ? lse[size_t(bh) * M + i] : -INFINITY;
     lse2[row] = l == -INFINITY ? INFINITY : l * kLog2e;
   }
+  if (counter && blockIdx.x == 0 && threadIdx.x == 0) *counter = 0u;
   const int64_t n4 = int64_t(bh_count) * M * D / 4;
   for (int64_t k = int64_t(blockIdx.x) * kPrepassThreads + threadIdx.x; k < n4;
        k += int64_t(gridDim.x) * kPrepassThreads)
@@ -166,12 +170,15 @@ int rows_padded(int seq_q) {
   return (seq_q + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad;
 }
 
-KParams kernel_params(const BwdParams& f, int br) {
+KParams kernel_params(const BwdParams& f, int br, unsigned int* counter) {
   KParams k{};
   k.lse2 = f.lse2, k.dsum = f.dsum, k.dq_acc = f.dq_acc, k.dk = f.dk, k.dv = f.dv;
   k.heads = f.heads, k.heads_kv = f.heads_kv, k.group = f.heads / f.heads_kv;
   k.seq_q = f.seq_q, k.seq_k = f.seq_k;
   k.m_pad = rows_padded(f.seq_q);
+  k.n_kt = (f.seq_k + kBc - 1) / kBc;
+  k.units = k.n_kt * f.heads_kv * f.batch;
+  k.counter = counter;
   k.score = score_params(f.scale, f.causal, f.dropout_p, f.dropout_seed);
   k.q_count = f.q_count, k.q_index = f.q_index;
   if (f.q_count) {
@@ -192,17 +199,19 @@ void launch_as(const BwdPlan& plan, cudaStream_t stream) {
   const BwdParams& f = plan.params;
   const int bh = f.batch * f.heads, m_pad = rows_padded(f.seq_q);
   const int64_t rows = int64_t(bh) * m_pad;
+  // The persistent grid's work counter (tile_scheduler.cuh), zeroed by the pre-pass.
+  unsigned int* counter = plan.grid.x < unsigned(plan.units) ? f.tile_counter : nullptr;
   bwd_prepass_kernel<T, D>
       <<<unsigned((rows + kPrepassRows - 1) / kPrepassRows), kPrepassThreads, 0, stream>>>(
           static_cast<const T*>(f.o), static_cast<const T*>(f.dout),
           resolved(f.o_strides, f.heads, f.seq_q, f.dim),
           resolved(f.dout_strides, f.heads, f.seq_q, f.dim), f.lse, f.lse2, f.dsum, f.dq_acc,
-          f.heads, bh, f.seq_q, m_pad);
+          counter, f.heads, bh, f.seq_q, m_pad);
   CUDA_CHECK_LAUNCH();
   CUtensorMap maps[5];
   std::memcpy(maps, plan.tensor_maps, sizeof(maps));
   fa3_bwd_kernel<T, D, kDqTma, kExtras><<<plan.grid, plan.block, plan.smem_bytes, stream>>>(
-      maps[0], maps[1], maps[2], maps[3], maps[4], kernel_params(f, Cfg<D>::kBr));
+      maps[0], maps[1], maps[2], maps[3], maps[4], kernel_params(f, Cfg<D>::kBr, counter));
   CUDA_CHECK_LAUNCH();
   const int64_t n4 = int64_t(f.batch) * f.heads * f.seq_q * D / 4;
   const int64_t blocks = (n4 + 255) / 256;
@@ -245,6 +254,7 @@ BwdPlan make_bwd_plan(const BwdParams& f, BwdVariant v) {
                sparse);
   require(strides_ok(f.dout_strides), who, "every stride of dO must be a multiple of 8 elements");
   require(!sparse || f.q_index != nullptr, who, "q_count without q_index");
+  require(f.max_ctas >= 0, who, "max_ctas must be >= 0 (0: as many CTAs as fit at once)");
   require_sm90(who);
 
   BwdPlan plan{};
@@ -260,7 +270,9 @@ BwdPlan make_bwd_plan(const BwdParams& f, BwdVariant v) {
     return tma ? entry<T, D, true, false>() : entry<T, D, false, false>();
   });
   plan.launcher = e.launch;
-  plan.grid = dim3(unsigned((f.seq_k + kBc - 1) / kBc), unsigned(f.heads_kv), unsigned(f.batch));
+  const long long units = (long long)((f.seq_k + kBc - 1) / kBc) * f.heads_kv * f.batch;
+  require(units <= INT_MAX / 2, who, "too many K/V tiles (key tiles x K/V heads x batch)");
+  plan.units = int(units);
   plan.block = dim3(unsigned(kThreads));
   plan.smem_bytes = e.smem;
   plan.br = e.br, plan.bc = kBc, plan.stages = kStages;
@@ -270,6 +282,20 @@ BwdPlan make_bwd_plan(const BwdParams& f, BwdVariant v) {
   encode_4d(plan.tensor_maps[3], f, f.dout, f.heads, f.seq_q, f.dout_strides, e.br);
   encode_dq_acc(plan.tensor_maps[4], f.dq_acc, f.dim, f.seq_q, f.batch * f.heads);
   plan.regs = set_smem_limit(e.fn, e.smem);
+  // The grid (tile_scheduler.cuh): persistent, as many CTAs as fit at once, each taking units
+  // from the work counter as it finishes one; without a counter, or with a block mask (which can
+  // leave a unit without items), one CTA per unit.
+  plan.grid = dim3(unsigned(units));
+  if (f.tile_counter && !sparse) {
+    int dev = 0, sms = 0, per_sm = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, e.fn, kThreads, e.smem));
+    require(per_sm >= 1, who, "the backward kernel does not fit on an SM");
+    long long ctas = std::min<long long>(units, (long long)sms * per_sm);
+    if (f.max_ctas > 0) ctas = std::min<long long>(ctas, f.max_ctas);
+    plan.grid = dim3(unsigned(ctas));
+  }
   return plan;
 }
 
@@ -284,7 +310,8 @@ std::string describe(const BwdPlan& plan) {
     << " d=" << plan.params.dim << " Bc=" << plan.bc << " Br=" << plan.br
     << " threads=" << plan.block.x << " (producer + 2 consumer warpgroups) smem=" << plan.smem_bytes
     << " regs=" << plan.regs << " setmaxnreg=" << kProducerRegs << "/" << kConsumerRegs
-    << " stages=" << plan.stages;
+    << " stages=" << plan.stages << " units=" << plan.units << " grid=" << plan.grid.x;
+  if (plan.grid.x < unsigned(plan.units)) s << " (persistent)";
   if (plan.params.q_count || plan.params.dropout_p > 0.f) s << " extras=dropout+block-sparse";
   return s.str();
 }

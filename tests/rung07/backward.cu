@@ -5,10 +5,12 @@
 // 1. For each dtype (bf16, fp16), head dim (64, 128) and dQ variant (tma-reduce, atomic): small
 //    awkward shapes. The oracle's forward gives O (rounded to the dtype, as a caller's forward
 //    would hand it over) and LSE, its backward the reference dQ, dK, dV. Outputs and workspace
-//    are poisoned (NaN) before each run and guarded by canaries after their ends.
+//    are poisoned (NaN) before each run and guarded by canaries after their ends. Each shape
+//    once more on 3 persistent CTAs (several K/V tiles each): dK, dV the full grid's bits.
 // 2. Dropout and block-sparse masks (the extras build), with an empty query block and an empty
 //    key block; an all-ones mask must give exactly the dense kernel's dK and dV bits (dQ's fp32
-//    sums are added in whatever order the CTAs finish: compared with the tolerance).
+//    sums are added in whatever order the CTAs finish: compared with the tolerance); dropout
+//    without a mask on 3 CTAs as in 1.
 // 3. Large shapes (batch x seq = 16384, heads x d = 2048; seq 1024, 4096, 16384; causal or not):
 //    O and LSE from the rung's own forward (checked by selftest.07), then for each variant dQ on
 //    sampled query rows and, up to seq 4096 (where the oracle's full backward of two heads takes
@@ -78,7 +80,8 @@ struct Bwd {
   ladder::DeviceBuffer<float> lse;
   Guarded<T> dq, dk, dv;
   Guarded<float> dq_acc, lse2, dsum;
-  std::unique_ptr<DeviceLists> lists;  // q_block_lists of in.mask
+  ladder::DeviceBuffer<unsigned int> counter{1};  // the persistent grid's work counter
+  std::unique_ptr<DeviceLists> lists;             // q_block_lists of in.mask
 
   Bwd(const Case& c, int64_t d, uint64_t seed) {
     p.batch = c.B, p.heads = c.H, p.heads_kv = c.Hkv, p.seq_q = c.M, p.seq_k = c.N, p.dim = d;
@@ -136,6 +139,7 @@ struct Bwd {
     f.q = q.get(), f.k = k.get(), f.v = v.get(), f.o = o.get(), f.dout = dout.get();
     f.lse = lse.get(), f.dq = dq.get(), f.dk = dk.get(), f.dv = dv.get();
     f.dq_acc = dq_acc.get(), f.lse2 = lse2.get(), f.dsum = dsum.get();
+    f.tile_counter = counter.get();
     f.batch = int(p.batch), f.heads = int(p.heads), f.heads_kv = int(p.heads_kv);
     f.seq_q = int(p.seq_q), f.seq_k = int(p.seq_k), f.dim = int(p.dim);
     f.bf16 = std::is_same_v<T, bf16>;
@@ -221,14 +225,33 @@ std::string label(bool is_bf16, int d, const char* name) {
   return std::string(is_bf16 ? "bf16" : "fp16") + " d=" + std::to_string(d) + " " + name;
 }
 
+// Each CTA of the persistent kernel takes several K/V tiles in turn when there are more tiles
+// than CTAs: the same problem on 3 CTAs (odd, so that the reversed rounds of the snake order run)
+// must give the oracle's dQ and the full grid's dK, dV bits (each tile's dK, dV come from one
+// CTA's registers, whichever CTA it is).
+template <class T>
+void check_few_ctas(Bwd<T>& b, const BwdParams& f, const std::string& what,
+                    const std::vector<unsigned char>& full_bits) {
+  BwdParams few = f;
+  few.max_ctas = 3;
+  std::vector<unsigned char> bits;
+  check_run(b, few, BwdVariant::tma_reduce, what + " (3 CTAs)", &bits);
+  const bool same = !bits.empty() && bits == full_bits;
+  verdict(same, "tma-reduce  " + what + ": dK, dV on 3 CTAs and on the full grid: " +
+                    (same ? "bit-identical" : "DIFFER"));
+}
+
 template <class T>
 void check_cases(int d) {
   uint64_t seed = 1;
   for (const Case& cs : kCases) {
     Bwd<T> b(cs, d, seed++);
     b.prepare();
+    const std::string what = label(std::is_same_v<T, bf16>, d, cs.name);
+    std::vector<unsigned char> bits;
     for (const BwdVariant v : kVariants)
-      check_run(b, b.params(), v, label(std::is_same_v<T, bf16>, d, cs.name), nullptr);
+      check_run(b, b.params(), v, what, v == BwdVariant::tma_reduce ? &bits : nullptr);
+    check_few_ctas(b, b.params(), what, bits);
   }
 }
 
@@ -242,14 +265,15 @@ void check_extras(int d) {
     b.prepare();
     const std::string what = label(std::is_same_v<T, bf16>, d, x.name);
     for (const BwdVariant v : kVariants) {
-      std::vector<unsigned char> sparse_bits, dense_bits;
-      check_run(b, b.params(), v, what, x.mask == 2 ? &sparse_bits : nullptr);
+      std::vector<unsigned char> run_bits, dense_bits;
+      check_run(b, b.params(), v, what, x.mask == 2 || !x.mask ? &run_bits : nullptr);
+      if (!x.mask && v == BwdVariant::tma_reduce) check_few_ctas(b, b.params(), what, run_bits);
       if (x.mask != 2) continue;
       // The same problem through the dense kernel: dK and dV must be the same bits.
       BwdParams dense = b.params();
       dense.q_count = dense.q_index = nullptr;
       check_run(b, dense, v, what + " (dense twin)", &dense_bits);
-      const bool same = !sparse_bits.empty() && sparse_bits == dense_bits;
+      const bool same = !run_bits.empty() && run_bits == dense_bits;
       verdict(same, std::string(ladder::fa3::bwd_variant_name(v)) + " " + what +
                         ": dK, dV of the all-ones mask and dense: " +
                         (same ? "bit-identical" : "DIFFER"));
@@ -391,6 +415,7 @@ void check_large() {
         p.dout = lg.dout.get(), p.lse = lg.lse.get();
         p.dq = lg.dq.get(), p.dk = lg.dk.get(), p.dv = lg.dv.get();
         p.dq_acc = lg.dq_acc.get(), p.lse2 = lg.lse2.get(), p.dsum = lg.dsum.get();
+        p.tile_counter = lg.counter.get();  // (the forward's: one stream)
         p.batch = 16384 / seq, p.heads = 2048 / d, p.heads_kv = p.heads;
         p.seq_q = p.seq_k = seq, p.dim = d, p.bf16 = is_bf16;
         p.scale = float(1.0 / std::sqrt(double(d))), p.causal = causal;
