@@ -36,8 +36,6 @@ __device__ __forceinline__ void producer(unsigned char* smem, const CUtensorMap*
       return;
     }
     if (r == 0) g_has_items = 1;  // (before the arrive that completes kv_full's first phase)
-    u = p.counter ? take_next(p.counter, p.units) : p.units;  // the next unit, if any
-    const bool more = u < p.units;
     for (bool first = true;; ++x, first = false) {
       const int st = int(q.stage(x));
       const int h = walk.hk() * p.group + walk.hh, i0 = walk.tile * kBr, b = walk.b();
@@ -45,8 +43,12 @@ __device__ __forceinline__ void producer(unsigned char* smem, const CUtensorMap*
       walk.next(p);
       const bool unit_last = !walk.valid(p);
       q.acquire(x);  // (dO's ring shares the empty barriers)
-      g_items[x % kItemSlots] =
-          ItemInfo{h, i0, walk.jt(), b << 2 | (unit_last ? 2 : 0) | (unit_last && !more ? 1 : 0)};
+      // The next unit, if any, taken at the last item's stage, two items before the consumers
+      // finish this unit: taken at its first, a CTA would hold on to the next unit for the whole
+      // of a long one, and the end of a causal launch (units of 2 to 256 items) would wait on it.
+      if (unit_last) u = p.counter ? take_next(p.counter, p.units) : p.units;
+      g_items[x % kItemSlots] = ItemInfo{
+          h, i0, walk.jt(), b << 2 | (unit_last ? 2 : 0) | (unit_last && u >= p.units ? 1 : 0)};
       // A tile (Q_i or dO_i) at byte offset `tile` and its Br floats (L_i or D_i) at `row`.
       auto load = [&](uint64_t* full, const CUtensorMap* tm, int tile, int row, const float* rows) {
         mbar_arrive_expect_tx(full, C::kQBytes + kBr * 4);
@@ -75,7 +77,7 @@ __device__ __forceinline__ void producer(unsigned char* smem, const CUtensorMap*
       if (unit_last) break;
     }
     ++x;
-    if (!more) break;
+    if (u >= p.units) break;
   }
 }
 
