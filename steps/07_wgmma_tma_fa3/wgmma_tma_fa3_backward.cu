@@ -8,18 +8,20 @@
 // The algorithm is step 06's backward in three kernels:
 //
 //   pre-pass  D_i = rowsum(dO_i o O_i) (fp32); L_i = LSE_i log2(e), +inf where LSE_i = -inf;
-//             zero the fp32 dQ accumulator
-//   main      one CTA per (K/V tile j of Bc = 128 keys, K/V head, batch). K_j, V_j arrive once;
+//             zero the fp32 dQ accumulator (and the main kernel's work counter)
+//   main      per unit (K/V tile j of Bc = 128 keys, K/V head, batch): K_j, V_j arrive once;
 //             then for every query head of the GQA group and every Q tile i that sees K_j
 //             (an "item"): recompute P from the saved L, form dS, accumulate dK_j, dV_j in
-//             registers and add dS K_j to the fp32 dQ_i of the other CTAs' tiles
+//             registers and add dS K_j to the fp32 dQ_i of the other units' tiles. Persistent:
+//             one CTA per SM takes units from a work counter (tile_scheduler.cuh)
 //   post-pass dQ = scale dQ_acc, rounded to T
 //
 // What changes from step 06 is the machinery (the forward's): a producer warpgroup streams Q_i
 // (+ L_i) and dO_i (+ D_i) into a 2-stage ring and adds each item's dQ tile to global memory
 // with TMA reduce-add (the atomic variant: red.global.add.v4.f32 from registers, step 06's
 // path); two consumer warpgroups (setmaxnreg 24 / 240), warpgroup w owning keys 64w .. 64w+63
-// of the tile, keep their dK, dV (fp32) in registers for the whole CTA; every product is a wgmma.
+// of the tile, keep their dK, dV (fp32) in registers for the whole unit; every product is a
+// wgmma.
 //
 // Which products are transposed, and why. A warpgroup owns 64 KEY rows, so it computes the
 // transposed products S^T = K_w Q_i^T and dP^T = V_w dO_i^T (M = 64 keys, N = Br queries, both
@@ -28,7 +30,7 @@
 // two products take A from registers (the forward's P trick) and B = dO_i, Q_i read N-major
 // (the transpose bit, like V in the forward). Only dQ_i = dS K_j needs every key of the tile: each
 // warpgroup writes its dS^T to shared memory ([key][query], 128-byte swizzle, conflict-free
-// 4-byte stores) and, after one named barrier of both warpgroups, reads dS back as an MN-major A
+// stmatrix) and, after one named barrier of both warpgroups, reads dS back as an MN-major A
 // operand (the A transpose bit) against K_j read N-major.
 //
 //   d = 128: Br = 64 queries per item. Per thread: dK, dV 64 + 64 fp32, S^T and dP^T 32 + 32;
