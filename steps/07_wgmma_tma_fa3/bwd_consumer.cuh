@@ -288,7 +288,7 @@ __device__ __forceinline__ void consumer(Ctx c, int w, const KParams& p) {
   // unit. Then the unit's K_j, V_j are released (the producer loads the next unit's; its first
   // Q and dO tiles are already in flight), and dK_j, dV_j are stored while they land.
   const Pipeline<1> kv = kv_ring();
-  kv.wait(0);  // unit 0's K_j, V_j landed (or the producer said there is no item)
+  kv.wait(0);  // unit 0's K_j, V_j landed (or the producer's plain arrive: it has no item)
   if (!g_has_items) {
     steps.store_grads();  // zeros
     return;
@@ -310,7 +310,7 @@ __device__ __forceinline__ void consumer(Ctx c, int w, const KParams& p) {
     steps.exp_p(s, pf, item.i0, int(q.stage(x)));
     for (;; ++x) {
       const int st = int(q.stage(x));
-      const int h = item.h, i0 = item.i0, last = item.unit_last();
+      const int h = item.h, i0 = item.i0, unit_last = item.unit_last();
       const uint32_t q_tile = base + C::kQ + st * C::kQBytes;
       const uint32_t do_tile = base + C::kDO + st * C::kQBytes;
 
@@ -348,18 +348,18 @@ __device__ __forceinline__ void consumer(Ctx c, int w, const KParams& p) {
       reg_fence(dk);
       reg_fence(pf);
       reg_fence(sf);
-      if (!last) q.release(x, lane == 0);  // (and dO's)
+      if (!unit_last) q.release(x, lane == 0);  // (and dO's)
 
-      // The next item's S^T (on this stage again after the last item); this item's dQ out
+      // The next item's S^T (on this stage again after the unit's last item); this item's dQ out
       // while it runs.
-      const int nx = x + (last ? 0 : 1), nst = last ? st : st ^ 1;  // its use and stage
-      if (!last) {
+      const int nx = x + (unit_last ? 0 : 1), nst = unit_last ? st : st ^ 1;  // its use and stage
+      if (!unit_last) {
         q.wait(nx);
         item = g_items[(x + 1) % kItemSlots];
       }
       issue_abt<T, D, kBc, kBr>(s, k_rows, base + C::kQ + nst * C::kQBytes);
       if constexpr (kExtras) {
-        if (!last) steps.make_keep(item.h, item.i0);
+        if (!unit_last) steps.make_keep(item.h, item.i0);
       }
       wgmma_wait<1>();
       reg_fence(dq);
@@ -371,14 +371,14 @@ __device__ __forceinline__ void consumer(Ctx c, int w, const KParams& p) {
       reg_fence(s);
       issue_abt<T, D, kBc, kBr>(dp, v_rows, base + C::kDO + nst * C::kQBytes);
       steps.exp_p(s, pf, item.i0, nst);
-      if (last) break;
+      if (unit_last) break;
     }
     wgmma_wait<0>();  // the dropped dP^T
     reg_fence(dp);
     q.release(x, lane == 0);
     kv.release(unit, lane == 0);
     steps.store_grads();
-    if (item.last()) break;
+    if (item.last()) break;  // (the CTA's last item)
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dk[i] = 0.f, dv[i] = 0.f;
   }

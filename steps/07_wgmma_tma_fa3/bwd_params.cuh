@@ -31,7 +31,9 @@ struct Cfg {
   static constexpr int kKVBytes = kBc * D * 2;    // K or V
   static constexpr int kDSBytes = kBc * kBr * 2;  // one dS^T buffer: Br / 64 query halves
   // One K/V stage: a second (the next unit's K_j, V_j landing while this one's last items run)
-  // would need 64 KiB more at d = 128 and 32 at d = 64, and neither fits beside the rest.
+  // would need 64 KiB more at d = 128 and 32 at d = 64. Neither fits beside the rest: at d = 64
+  // the dynamic shared memory would be 232 448 bytes with the 1 KiB alignment slack, the whole
+  // per-block limit, with the static barriers and item slots still to come.
   static constexpr int kK = 0;
   static constexpr int kV = kK + kKVBytes;
   static constexpr int kQ = kV + kKVBytes;
@@ -86,7 +88,7 @@ struct KParams {
 // x + 2's stage, by which time they have staged item x + 1's dQ, which needed the writer to be
 // done with item x. Only the producer walks the items.
 struct ItemInfo {
-  int h, i0, jt, b_flags;  // b_flags = b << 2 | kUnitLast | kLast
+  int h, i0, jt, b_flags;  // b_flags = b << 2 | 2 (the unit's last item) | 1 (the CTA's last)
   __device__ __forceinline__ int b() const { return b_flags >> 2; }
   __device__ __forceinline__ bool unit_last() const { return b_flags & 2; }
   __device__ __forceinline__ bool last() const { return b_flags & 1; }
@@ -97,8 +99,8 @@ constexpr int kItemSlots = 4;
 // no role spends registers on pointers to them.
 __shared__ Bars g_bars;
 __shared__ ItemInfo g_items[kItemSlots];  // written by the producer
-__shared__ int g_has_items;               // written by the producer before it arrives on bar_kv
-__shared__ int g_walk[8];                 // the producer's BwdWalk constants (tile_scheduler.cuh)
+__shared__ int g_has_items;  // the CTA's first unit has an item: thread 0, before __syncthreads
+__shared__ int g_walk[8];    // the producer's BwdWalk constants (tile_scheduler.cuh)
 
 // The rings over g_bars (Pipeline, hopper.cuh). Q_i (+ L_i) and dO_i (+ D_i) fill one stage
 // with a full barrier each and share its empty barrier: both are released at once. Consumer

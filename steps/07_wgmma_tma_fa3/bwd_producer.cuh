@@ -16,8 +16,10 @@ namespace {
 // after the unit's first item, once both consumers are done with the previous unit's, K_j and V_j
 // on kv_full. L and D are 1-D bulk copies of Br floats from the padded pre-pass rows (always in
 // bounds and 16-byte aligned). A unit with no item (only a block mask leaves one, and then the CTA
-// owns that one unit): it only says so (has_items = 0, a plain arrive on the first kv_full) and the
-// others, who wait for that barrier first, store zeros.
+// owns that one unit) has nothing to load: the kernel's prologue found it (g_has_items = 0), a
+// plain arrive completes kv_full's first phase, and the consumers store zeros. At 24 registers the
+// loops spill a few words to the stack (ptxas -v): per unit, and one store and load per item,
+// against an item's thousands of cycles.
 template <int D, bool kExtras>
 __device__ __forceinline__ void producer(unsigned char* smem, const CUtensorMap* tm_q,
                                          const CUtensorMap* tm_k, const CUtensorMap* tm_v,
@@ -30,12 +32,10 @@ __device__ __forceinline__ void producer(unsigned char* smem, const CUtensorMap*
   int x = 0;
   for (int r = 0, u = int(blockIdx.x);; ++r) {
     walk.start(p, u);
-    if (!walk.valid(p)) {  // (only with a block mask, and then the CTA owns one unit)
-      g_has_items = 0;
-      mbar_arrive_if(kv.full_bar(0), true);
+    if (!walk.valid(p)) {  // (a CTA's first unit, with a block mask: g_has_items = 0)
+      mbar_arrive_if(kv.full_bar(0), true);  // the consumers wait for unit 0's K/V first
       return;
     }
-    if (r == 0) g_has_items = 1;  // (before the arrive that completes kv_full's first phase)
     for (bool first = true;; ++x, first = false) {
       const int st = int(q.stage(x));
       const int h = walk.hk() * p.group + walk.hh, i0 = walk.tile * kBr, b = walk.b();
@@ -45,7 +45,8 @@ __device__ __forceinline__ void producer(unsigned char* smem, const CUtensorMap*
       q.acquire(x);  // (dO's ring shares the empty barriers)
       // The next unit, if any, taken at the last item's stage, two items before the consumers
       // finish this unit: taken at its first, a CTA would hold on to the next unit for the whole
-      // of a long one, and the end of a causal launch (units of 2 to 256 items) would wait on it.
+      // of a long one, and the end of a causal launch would wait on it (causal seq 16384 at
+      // d = 128: units of 2 to 256 items).
       if (unit_last) u = p.counter ? take_next(p.counter, p.units) : p.units;
       g_items[x % kItemSlots] = ItemInfo{
           h, i0, walk.jt(), b << 2 | (unit_last ? 2 : 0) | (unit_last && u >= p.units ? 1 : 0)};
@@ -85,12 +86,13 @@ __device__ __forceinline__ void producer(unsigned char* smem, const CUtensorMap*
 // Per item, once warpgroup w has staged its part (dq_full), add it to dQ_acc: two boxes of
 // 64 rows x 32 columns. d = 128: warpgroup w has columns 64w .. of the item's 64 rows; d = 64:
 // rows 64w .. of its 128, all 64 columns. Then wait until the copy engine has read both parts
-// and hand the staging tiles back (dq_empty).
+// and hand the staging tiles back (dq_empty). It waits on no other barrier: one that the
+// consumers can move on by two phases before the writer first looks (kv_full, after a one-item
+// unit) would leave it waiting on the wrong phase for ever.
 template <int D>
 __device__ __forceinline__ void dq_writer(unsigned char* smem, const CUtensorMap* tm_dq,
                                           const KParams& p) {
   using C = Cfg<D>;
-  kv_ring().wait(0);
   if (!g_has_items) return;
   tma_prefetch_descriptor(tm_dq);
   for (int x = 0;; ++x) {

@@ -243,9 +243,10 @@ struct BwdParams : Attention {  // Attention: the forward's
 
   // With tile_counter and no block mask the main kernel is persistent: as many CTAs as fit at
   // once, each taking the next K/V tile from the counter as it finishes one (4 bytes of device
-  // memory, zero before a launch and left zero by it, like the forward's, which it may be: one
-  // stream's launches never overlap). Without it, one CTA per K/V tile. max_ctas > 0 caps the
-  // persistent CTAs (the self-test gives each CTA several tiles at small shapes this way).
+  // memory; the pre-pass zeroes it and the main kernel leaves it zero, so it may be the
+  // forward's: one stream's launches never overlap). Without it, one CTA per K/V tile; a
+  // persistent plan refuses to launch without it. max_ctas > 0 caps the persistent CTAs (the
+  // self-test gives CTAs several tiles at small shapes this way).
   unsigned int* tile_counter = nullptr;
   int max_ctas = 0;
 };

@@ -83,6 +83,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int w = 0; w < 2; ++w) dq_ring(w).init(kWGThreads, 1);  // every thread that staged dQ
     mbarrier_init_fence();
+    // Whether the CTA's first unit has an item (only a block mask can leave one without, and then
+    // the CTA owns that one unit), known to every role at the barrier below: a role that learned
+    // it from a barrier phase instead could look too late, after the phase had come round again.
+    BwdWalk<KParams, kExtras, Cfg<D>::kBr> walk{g_walk};
+    walk.start(p, int(blockIdx.x));
+    g_has_items = walk.valid(p) ? 1 : 0;
   }
   __syncthreads();
 
@@ -303,6 +309,11 @@ BwdPlan make_bwd_plan(const BwdParams& f, BwdVariant v) {
 
 void launch_bwd(const BwdPlan& plan, cudaStream_t stream) {
   if (!plan.launcher) throw std::invalid_argument("step 07 backward: launch of an empty plan");
+  // A persistent plan's CTAs take units from the counter: without it, units past the grid's
+  // would get no dK, dV at all (a caller who swapped the plan's parameters).
+  if (plan.grid.x < unsigned(plan.units) && !plan.params.tile_counter)
+    throw std::invalid_argument(
+        "step 07 backward: a persistent plan launched without tile_counter");
   plan.launcher(plan, stream);
 }
 

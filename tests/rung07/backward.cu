@@ -6,7 +6,10 @@
 //    awkward shapes. The oracle's forward gives O (rounded to the dtype, as a caller's forward
 //    would hand it over) and LSE, its backward the reference dQ, dK, dV. Outputs and workspace
 //    are poisoned (NaN) before each run and guarded by canaries after their ends. Each shape
-//    once more on 3 persistent CTAs (several K/V tiles each): dK, dV the full grid's bits.
+//    once more on at most 3 persistent CTAs (tma-reduce): dK, dV the full grid's bits; the
+//    shapes with more than 3 K/V tiles (77 x 200, gqa 4:2 batch 2, 300 x 1500, batch 2 heads 2
+//    384, the dropout ones) so have CTAs that take several in turn; the others run one CTA per
+//    tile again.
 // 2. Dropout and block-sparse masks (the extras build), with an empty query block and an empty
 //    key block; an all-ones mask must give exactly the dense kernel's dK and dV bits (dQ's fp32
 //    sums are added in whatever order the CTAs finish: compared with the tolerance); dropout
@@ -225,10 +228,10 @@ std::string label(bool is_bf16, int d, const char* name) {
   return std::string(is_bf16 ? "bf16" : "fp16") + " d=" + std::to_string(d) + " " + name;
 }
 
-// Each CTA of the persistent kernel takes several K/V tiles in turn when there are more tiles
-// than CTAs: the same problem on 3 CTAs (odd, so that the reversed rounds of the snake order run)
-// must give the oracle's dQ and the full grid's dK, dV bits (each tile's dK, dV come from one
-// CTA's registers, whichever CTA it is).
+// The persistent kernel on at most 3 CTAs: where a shape has more than 3 K/V tiles (units), CTAs
+// take several in turn from the work counter, and the result must be the oracle's dQ and the
+// full grid's dK, dV bits (each tile's dK, dV come from one CTA's registers, whichever CTA it
+// is). Shapes with 3 tiles or fewer run one CTA per tile, as on the full grid.
 template <class T>
 void check_few_ctas(Bwd<T>& b, const BwdParams& f, const std::string& what,
                     const std::vector<unsigned char>& full_bits) {
