@@ -124,6 +124,12 @@ struct RingPos {
 // inside a plane the first tiles come first (causal: they are seen by the most Q tiles, and the
 // last units of the launch are the lightest). CTA b's first unit is b; with a work counter the
 // persistent CTAs take the next ones from it (take_next) as they finish, else each owns one.
+// Unit u's K/V tile jt, K/V head hk and batch b.
+template <class P>
+__device__ __forceinline__ void unit_coords(const P& p, int u, int& jt, int& hk, int& b) {
+  const int bhk = u / p.n_kt;
+  jt = u - bhk * p.n_kt, hk = bhk % p.heads_kv, b = bhk / p.heads_kv;
+}
 struct Ctx {
   int j0, hk, b, bhk;  // first key; K/V head; batch; K/V plane b * heads_kv + hk
   int M, N;
@@ -138,8 +144,9 @@ __device__ __forceinline__ void set_unit(Ctx& c, const P& p, int jt, int hk, int
 template <class P>
 __device__ __forceinline__ Ctx unit_ctx(const P& p, int u, unsigned char* smem) {
   Ctx c;
-  const int bhk = u / p.n_kt;
-  set_unit(c, p, u - bhk * p.n_kt, bhk % p.heads_kv, bhk / p.heads_kv);
+  int jt, hk, b;
+  unit_coords(p, u, jt, hk, b);
+  set_unit(c, p, jt, hk, b);
   c.M = p.seq_q, c.N = p.seq_k;
   c.smem = smem;
   return c;
@@ -164,7 +171,8 @@ struct BwdWalk {
   __device__ __forceinline__ bool valid(const P& p) const { return hh < p.group; }
   // The walk of unit u.
   __device__ __forceinline__ void start(const P& p, int u) {
-    const int bhk = u / p.n_kt, jt = u - bhk * p.n_kt, hk = bhk % p.heads_kv, b = bhk / p.heads_kv;
+    int jt, hk, b;
+    unit_coords(p, u, jt, hk, b);
     k[4] = jt, k[5] = hk, k[6] = b;
     k[0] = (p.seq_q + kBr - 1) / kBr;
     // Bottom-right causal: key j visible to query i iff j <= i + N - M, so rows below

@@ -178,14 +178,16 @@ int rows_padded(int seq_q) {
   return (seq_q + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad;
 }
 
-KParams kernel_params(const BwdParams& f, int br, unsigned int* counter) {
+KParams kernel_params(const BwdPlan& plan, unsigned int* counter) {
+  const BwdParams& f = plan.params;
+  const int br = plan.br;
   KParams k{};
   k.lse2 = f.lse2, k.dsum = f.dsum, k.dq_acc = f.dq_acc, k.dk = f.dk, k.dv = f.dv;
   k.heads = f.heads, k.heads_kv = f.heads_kv, k.group = f.heads / f.heads_kv;
   k.seq_q = f.seq_q, k.seq_k = f.seq_k;
   k.m_pad = rows_padded(f.seq_q);
   k.n_kt = (f.seq_k + kBc - 1) / kBc;
-  k.units = k.n_kt * f.heads_kv * f.batch;
+  k.units = plan.units;
   k.counter = counter;
   k.score = score_params(f.scale, f.causal, f.dropout_p, f.dropout_seed);
   k.q_count = f.q_count, k.q_index = f.q_index;
@@ -219,7 +221,7 @@ void launch_as(const BwdPlan& plan, cudaStream_t stream) {
   CUtensorMap maps[5];
   std::memcpy(maps, plan.tensor_maps, sizeof(maps));
   fa3_bwd_kernel<T, D, kDqTma, kExtras><<<plan.grid, plan.block, plan.smem_bytes, stream>>>(
-      maps[0], maps[1], maps[2], maps[3], maps[4], kernel_params(f, Cfg<D>::kBr, counter));
+      maps[0], maps[1], maps[2], maps[3], maps[4], kernel_params(plan, counter));
   CUDA_CHECK_LAUNCH();
   const int64_t n4 = int64_t(f.batch) * f.heads * f.seq_q * D / 4;
   const int64_t blocks = (n4 + 255) / 256;
