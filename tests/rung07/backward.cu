@@ -6,10 +6,11 @@
 //    awkward shapes. The oracle's forward gives O (rounded to the dtype, as a caller's forward
 //    would hand it over) and LSE, its backward the reference dQ, dK, dV. Outputs and workspace
 //    are poisoned (NaN) before each run and guarded by canaries after their ends. Each shape
-//    once more on at most 3 persistent CTAs (tma-reduce): dK, dV the full grid's bits; the
+//    and variant once more on at most 3 persistent CTAs: dK, dV the full grid's bits; the
 //    shapes with more than 3 K/V tiles (77 x 200, gqa 4:2 batch 2, 300 x 1500, batch 2 heads 2
 //    384, the dropout ones) so have CTAs that take several in turn; the others run one CTA per
-//    tile again.
+//    tile again. A persistent run starts with garbage in its work counter (the pre-pass zeroes
+//    it) and must leave 0 there.
 // 2. Dropout and block-sparse masks (the extras build), with an empty query block and an empty
 //    key block; an all-ones mask must give exactly the dense kernel's dK and dV bits (dQ's fp32
 //    sums are added in whatever order the CTAs finish: compared with the tolerance); dropout
@@ -183,8 +184,15 @@ bool check_run(Bwd<T>& b, const BwdParams& f, BwdVariant v, const std::string& w
   BwdPlan plan;
   if (!try_plan(f, v, what, &plan)) return false;
   b.poison();
+  // A persistent plan must not depend on what the counter holds (the pre-pass zeroes it) and
+  // must leave it at 0: the package's forward, which shares it, starts from 0.
+  const bool persistent = plan.grid.x < unsigned(plan.units);
+  const unsigned int before = persistent ? 0xdeadu : 0u;
+  CUDA_CHECK(cudaMemcpy(b.counter.get(), &before, sizeof before, cudaMemcpyHostToDevice));
   ladder::fa3::launch_bwd(plan);
   sync_or_die(std::string(ladder::fa3::bwd_variant_name(v)) + " " + what);
+  unsigned int after = 1;
+  CUDA_CHECK(cudaMemcpy(&after, b.counter.get(), sizeof after, cudaMemcpyDeviceToHost));
   const ladder::Problem& p = b.p;
   const TensorErr e[3] = {compare(download(b.dq.get(), {p.q_numel()}), b.ref.dq, b.dq_zero),
                           compare(download(b.dk.get(), {p.kv_numel()}), b.ref.dk, b.dk_zero),
@@ -196,13 +204,14 @@ bool check_run(Bwd<T>& b, const BwdParams& f, BwdVariant v, const std::string& w
   }
   const bool guards = b.intact();
   const double tol = tol_of(f.bf16);
-  bool ok = guards;
+  bool ok = guards && after == 0;
   for (const TensorErr& x : e) ok = ok && x.rel <= tol && x.zeros_ok;
   char line[320];
-  std::snprintf(line, sizeof(line), "%-11s %-58s dQ %.1e dK %.1e dV %.1e (tol %.0e)%s%s",
+  std::snprintf(line, sizeof(line), "%-11s %-58s dQ %.1e dK %.1e dV %.1e (tol %.0e)%s%s%s",
                 ladder::fa3::bwd_variant_name(v), what.c_str(), e[0].rel, e[1].rel, e[2].rel, tol,
                 guards ? "" : "  GUARD OVERWRITTEN",
-                e[0].zeros_ok && e[1].zeros_ok && e[2].zeros_ok ? "" : "  NONZERO WHERE 0");
+                e[0].zeros_ok && e[1].zeros_ok && e[2].zeros_ok ? "" : "  NONZERO WHERE 0",
+                after == 0 ? "" : "  WORK COUNTER NOT RESET");
   return verdict(ok, line);
 }
 
@@ -233,15 +242,16 @@ std::string label(bool is_bf16, int d, const char* name) {
 // full grid's dK, dV bits (each tile's dK, dV come from one CTA's registers, whichever CTA it
 // is). Shapes with 3 tiles or fewer run one CTA per tile, as on the full grid.
 template <class T>
-void check_few_ctas(Bwd<T>& b, const BwdParams& f, const std::string& what,
+void check_few_ctas(Bwd<T>& b, const BwdParams& f, BwdVariant v, const std::string& what,
                     const std::vector<unsigned char>& full_bits) {
   BwdParams few = f;
   few.max_ctas = 3;
   std::vector<unsigned char> bits;
-  check_run(b, few, BwdVariant::tma_reduce, what + " (3 CTAs)", &bits);
+  check_run(b, few, v, what + " (3 CTAs)", &bits);
   const bool same = !bits.empty() && bits == full_bits;
-  verdict(same, "tma-reduce  " + what + ": dK, dV on 3 CTAs and on the full grid: " +
-                    (same ? "bit-identical" : "DIFFER"));
+  verdict(same,
+          std::string(ladder::fa3::bwd_variant_name(v)) + " " + what +
+              ": dK, dV on 3 CTAs and on the full grid: " + (same ? "bit-identical" : "DIFFER"));
 }
 
 template <class T>
@@ -251,10 +261,11 @@ void check_cases(int d) {
     Bwd<T> b(cs, d, seed++);
     b.prepare();
     const std::string what = label(std::is_same_v<T, bf16>, d, cs.name);
-    std::vector<unsigned char> bits;
-    for (const BwdVariant v : kVariants)
-      check_run(b, b.params(), v, what, v == BwdVariant::tma_reduce ? &bits : nullptr);
-    check_few_ctas(b, b.params(), what, bits);
+    for (const BwdVariant v : kVariants) {
+      std::vector<unsigned char> bits;
+      check_run(b, b.params(), v, what, &bits);
+      check_few_ctas(b, b.params(), v, what, bits);
+    }
   }
 }
 
@@ -270,7 +281,7 @@ void check_extras(int d) {
     for (const BwdVariant v : kVariants) {
       std::vector<unsigned char> run_bits, dense_bits;
       check_run(b, b.params(), v, what, x.mask == 2 || !x.mask ? &run_bits : nullptr);
-      if (!x.mask && v == BwdVariant::tma_reduce) check_few_ctas(b, b.params(), what, run_bits);
+      if (!x.mask) check_few_ctas(b, b.params(), v, what, run_bits);
       if (x.mask != 2) continue;
       // The same problem through the dense kernel: dK and dV must be the same bits.
       BwdParams dense = b.params();
@@ -442,10 +453,14 @@ void check_large() {
             err = std::max(err, sampled_error(lg.dk.get(), s, s.ref.dk, seq, s.keys, false));
             err = std::max(err, sampled_error(lg.dv.get(), s, s.ref.dv, seq, s.keys, false));
           }
+          unsigned int counter = 1;  // the next forward starts from it
+          CUDA_CHECK(
+              cudaMemcpy(&counter, lg.counter.get(), sizeof counter, cudaMemcpyDeviceToHost));
           char line[320];
-          std::snprintf(line, sizeof(line), "%-11s %s: worst %.1e (tol %.0e)",
-                        ladder::fa3::bwd_variant_name(v), what, err, tol_of(is_bf16));
-          verdict(err <= tol_of(is_bf16), line);
+          std::snprintf(line, sizeof(line), "%-11s %s: worst %.1e (tol %.0e)%s",
+                        ladder::fa3::bwd_variant_name(v), what, err, tol_of(is_bf16),
+                        counter == 0 ? "" : "  WORK COUNTER NOT RESET");
+          verdict(err <= tol_of(is_bf16) && counter == 0, line);
         }
       }
 }
