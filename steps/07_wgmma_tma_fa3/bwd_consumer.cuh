@@ -20,12 +20,12 @@ template <class T>
 __device__ __forceinline__ void issue_dq(float (&acc)[32], uint32_t ds, uint32_t k) {
   reg_fence(acc);
   wgmma_fence();
+  const uint64_t a0 = make_desc_sw128(ds, kBc * kRowBytes, 1024);
+  const uint64_t b0 = make_desc_sw128(k, kBc * kRowBytes, 1024);
 #pragma unroll
-  for (int kk = 0; kk < kBc / 16; ++kk) {
-    const uint64_t da = make_desc_sw128(ds + kk * 16 * kRowBytes, kBc * kRowBytes, 1024);
-    const uint64_t db = make_desc_sw128(k + kk * 16 * kRowBytes, kBc * kRowBytes, 1024);
-    wgmma_ss<T, 64, 1, 1>(acc, da, db, kk > 0);
-  }
+  for (int kk = 0; kk < kBc / 16; ++kk)
+    wgmma_ss<T, 64, 1, 1>(acc, desc_advance(a0, kk * 16 * kRowBytes),
+                          desc_advance(b0, kk * 16 * kRowBytes), kk > 0);
 }
 
 // dS^T (A fragments f of this warp's 16 keys, rows key0 .. key0 + 15 of the tile) into the

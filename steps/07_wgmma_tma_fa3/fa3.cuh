@@ -73,11 +73,12 @@ template <class T, int D, int kARows, int kN>
 __device__ __forceinline__ void issue_abt(float (&acc)[kN / 2], uint32_t a_rows, uint32_t b_tile) {
   reg_fence(acc);
   wgmma_fence();
+  const uint64_t a0 = make_desc_sw128(a_rows, 16, 1024), b0 = make_desc_sw128(b_tile, 16, 1024);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t col = (kk % 4) * 32;
-    const uint64_t da = make_desc_sw128(a_rows + (kk / 4) * (kARows * kRowBytes) + col, 16, 1024);
-    const uint64_t db = make_desc_sw128(b_tile + (kk / 4) * (kN * kRowBytes) + col, 16, 1024);
+    const uint64_t da = desc_advance(a0, (kk / 4) * (kARows * kRowBytes) + col);
+    const uint64_t db = desc_advance(b0, (kk / 4) * (kN * kRowBytes) + col);
     wgmma_ss<T, kN, 0, 0>(acc, da, db, kk > 0);
   }
   wgmma_commit();
@@ -90,11 +91,10 @@ __device__ __forceinline__ void issue_abt(float (&acc)[kN / 2], uint32_t a_rows,
 template <class T, int D, int kK>
 __device__ __forceinline__ void issue_rs(float (&acc)[D / 2], const uint32_t (&a)[kK / 16][4],
                                          uint32_t b_tile) {
+  const uint64_t b0 = make_desc_sw128(b_tile, kK * kRowBytes, 1024);
 #pragma unroll
-  for (int kk = 0; kk < kK / 16; ++kk) {
-    const uint64_t db = make_desc_sw128(b_tile + kk * 16 * kRowBytes, kK * kRowBytes, 1024);
-    wgmma_rs<T, D, 1>(acc, a[kk], db, true);
-  }
+  for (int kk = 0; kk < kK / 16; ++kk)
+    wgmma_rs<T, D, 1>(acc, a[kk], desc_advance(b0, kk * 16 * kRowBytes), true);
 }
 
 }  // namespace
