@@ -3,11 +3,14 @@
 
     tools/bar_table.py CSV [CSV ...] --rung 07 --peer torch-cudnn [--bar 1.05] [--runs PREFIX]
     tools/bar_table.py CSV --rung 07 --dropout-cost 0.1 [--bar 1.3]
+    tools/bar_table.py CSV --by-commit --rung 07@NEW --peer 07@OLD      (an A/B of two commits)
 
 A ratio pairs a rung row and a peer row of one run id (one alternation: both measured in the
 same call, one process each); a point's figure is the median of its ratios over the runs that
 have both. --dropout-cost P pairs the rung's rows at dropout P with its own rows at dropout 0 of
-the same run, and reports time(P) / time(0) (the bar is then an upper bound). Prints a Markdown
+the same run, and reports time(P) / time(0) (the bar is then an upper bound). --by-commit names
+each row step@commit and pairs the rows of pass i (run ids ending in .i, e.g. old.1 and new.1:
+the A/B passes of one device call), for a rung measured against its own earlier build. Prints a Markdown
 table and a summary line; exit status 0, or 2 for unreadable input or no paired point.
 """
 import argparse
@@ -44,6 +47,8 @@ def main():
     ap.add_argument("--bar", type=float, help="the bar (a lower bound on speed ratios, an upper "
                     "bound on --dropout-cost)")
     ap.add_argument("--runs", default="", help="only run ids starting with this")
+    ap.add_argument("--by-commit", action="store_true",
+                    help="steps named step@commit, runs paired by their pass (run id suffix .i)")
     args = ap.parse_args()
 
     # ms[(step, dropout, run)][point]
@@ -51,7 +56,10 @@ def main():
     for r in read_rows(args.csv):
         if not r.get("run", "").startswith(args.runs):
             continue
-        ms[(r["step"], float(r.get("dropout", "0") or 0), r["run"])][point(r)] = float(r["ms"])
+        step, run = r["step"], r["run"]
+        if args.by_commit:
+            step, run = f"{step}@{r['commit']}", run.rsplit(".", 1)[-1]
+        ms[(step, float(r.get("dropout", "0") or 0), run)][point(r)] = float(r["ms"])
     runs = sorted({k[2] for k in ms})
     ratios = defaultdict(list)  # point -> one ratio per run
     cost = args.dropout_cost is not None
