@@ -10,7 +10,8 @@ same call, one process each); a point's figure is the median of its ratios over 
 have both. --dropout-cost P pairs the rung's rows at dropout P with its own rows at dropout 0 of
 the same run, and reports time(P) / time(0) (the bar is then an upper bound). --by-commit names
 each row step@commit and pairs the rows of pass i (run ids ending in .i, e.g. old.1 and new.1:
-the A/B passes of one device call), for a rung measured against its own earlier build. Prints a Markdown
+the A/B passes of one device call: passes of several calls in one file would collide), for a
+rung measured against its own earlier build. Prints a Markdown
 table and a summary line; exit status 0, or 2 for unreadable input or no paired point.
 """
 import argparse

@@ -61,10 +61,11 @@ CASES_06 = [
     (1, 2, 1, 1000, 1500, 128, True, None),  # many K/V tiles
 ]
 # Rung 07 takes d = 64 and 128: rung 06's cases at those dims, and seq_q = 1000 at d = 64, where
-# the default kernel's 192-row query tiles meet a partial last tile (1000 = 5 x 192 + 40). The
-# last two have more tiles than an H100 or H200 has SMs (256 and 160 K/V tiles of 128 keys), so
-# the forward and the backward run persistent, taking tiles from the per-stream work counter that
-# they share: a backward that left it off zero would fail the LSE call after it.
+# the default kernel runs 128-row query tiles (192-row ones would pad 1000 rows to 1152) and ends
+# in a partial one (1000 = 7 x 128 + 104). The last two have more K/V tiles of 128 keys than an
+# H100 or H200 has SMs (256 and 160), so their backwards run persistent, taking tiles from the
+# per-stream work counter the forward shares; the first one's forward (256 query tiles) does
+# too, so a backward that left the counter off zero would fail the LSE call after it.
 CASES_07 = [c for c in CASES_06 if c[5] in (64, 128)] + [
     (1, 3, 1, 1000, 1100, 64, True, None),
     (2, 16, 16, 1024, 1024, 64, True, None),

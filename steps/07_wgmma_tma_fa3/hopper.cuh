@@ -268,10 +268,11 @@ __device__ __forceinline__ uint64_t make_desc_sw128(uint32_t saddr, uint32_t lbo
 }
 
 // The descriptor of the same tile off_bytes further on: make_desc_sw128(a + off, l, s) equals
-// desc_advance(make_desc_sw128(a, l, s), off) while a + off stays below 256 KiB (shared memory
-// is at most 228 KiB), since the 14-bit start-address field then cannot carry into the next
-// one. A k-step's descriptor is then one 32-bit add; rebuilt from its address (mask, shift, OR
-// per field) it took up to six uniform-datapath instructions, and a kernel issues dozens per item.
+// desc_advance(make_desc_sw128(a, l, s), off) for off a multiple of 16 while a + off stays
+// below 256 KiB (shared memory is at most 228 KiB), since the 14-bit start-address field then
+// cannot carry into the next one. A k-step's descriptor is then one 32-bit add; rebuilt from
+// its address (mask, shift, OR per field) it took up to six uniform-datapath instructions, and
+// a kernel issues dozens per item.
 __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t off_bytes) {
   return (desc & 0xffffffff00000000ull) | uint32_t(uint32_t(desc) + (off_bytes >> 4));
 }
