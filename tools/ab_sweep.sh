@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Same-call A/B speed sweep: two builds of the ladder (say the commit before a refactor and
 # after) measured alternately, A B A B ..., so that both see the same GPU, clocks and
-# neighbours; tools/ab_table.py then gives each point's median over the passes and B/A.
+# neighbours; tools/ab_table.py then gives each point's median over the passes and B/A, and
+# tools/bar_table.py --by-commit the median of the per-pass ratios (pass N of both sides shares
+# the run id <base>.N).
 #   tools/ab_sweep.sh LADDER_A LADDER_B PASSES OUTDIR [ladder bench flags...]
 # e.g. tools/ab_sweep.sh /tmp/old/ladder build-gpu/ladder 2 out --preset flash --steps 7 \
 #        --dtype bf16,fp16
@@ -12,13 +14,15 @@ set -uo pipefail
 a=$1 b=$2 passes=$3 out=$4
 shift 4
 mkdir -p "$out"
+base=ab-$(date -u +%Y%m%dT%H%M%SZ)-$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')
 status=0
 for n in $(seq 1 "$passes"); do
   for side in a b; do
     bin=$a stamp=${COMMIT_A:-${LADDER_COMMIT:-}}
     [ "$side" = b ] && bin=$b stamp=${COMMIT_B:-${LADDER_COMMIT:-}}
     t0=$(date +%s)
-    LADDER_COMMIT=$stamp "$bin" bench --csv "$out/$side-$n.csv" "$@" >>"$out/ab.log" 2>&1 || status=1
+    LADDER_COMMIT=$stamp "$bin" bench --csv "$out/$side-$n.csv" --run-id "$base.$n" "$@" \
+      >>"$out/ab.log" 2>&1 || status=1
     echo "pass $n $side: $(($(date +%s) - t0)) s (exit $status)" | tee -a "$out/ab.log"
   done
 done

@@ -11,7 +11,8 @@ have both. --dropout-cost P pairs the rung's rows at dropout P with its own rows
 the same run, and reports time(P) / time(0) (the bar is then an upper bound). --by-commit names
 each row step@commit and pairs the rows of pass i (run ids ending in .i, e.g. old.1 and new.1:
 the A/B passes of one device call: passes of several calls in one file would collide), for a
-rung measured against its own earlier build. Prints a Markdown
+rung measured against its own earlier build (tools/ab_sweep.sh's a-N.csv and b-N.csv, with
+COMMIT_A and COMMIT_B set, or one file whose run ids end in the pass). Prints a Markdown
 table and a summary line; exit status 0, or 2 for unreadable input or no paired point.
 """
 import argparse
