@@ -31,15 +31,22 @@ Tiles fixed_tiles(const Problem& p, const RunOptions& opt, const DeviceInfo&) {
   return Tiles{br, 128};
 }
 
+// Whether a run needs the persistent kernels' 4-byte work counter: a persistent forward, or a
+// backward (persistent whenever it has more K/V tiles than fit at once). One serves both: the
+// launches of one stream never overlap, and each leaves it at zero.
+bool needs_counter(const Problem& p, const RunOptions& opt) {
+  return fa3::is_persistent(variant_named(opt.variant)) || p.backward;
+}
+
 // Device memory beyond inputs and outputs: a block mask's index lists (both directions with
-// the backward), the persistent kernels' 4-byte work counters, and the backward's fp32 dQ
-// accumulator with LSE log2(e) and D per (padded) query row.
+// the backward), the work counter, and the backward's fp32 dQ accumulator with LSE log2(e) and
+// D per (padded) query row.
 double workspace_bytes(const Problem& p, const RunOptions& opt) {
-  double bytes = (fa3::is_persistent(variant_named(opt.variant)) ? 4.0 : 0.0) + block_list_bytes(p);
+  double bytes = (needs_counter(p, opt) ? 4.0 : 0.0) + block_list_bytes(p);
   if (p.backward) {
     const double rows_padded = double((p.seq_q + fa3::kBwdRowPad - 1) / fa3::kBwdRowPad) *
                                fa3::kBwdRowPad * double(p.batch * p.heads);
-    bytes += 4.0 * double(p.q_numel()) + 8.0 * rows_padded + 4.0;
+    bytes += 4.0 * double(p.q_numel()) + 8.0 * rows_padded;
   }
   return bytes;
 }
@@ -65,10 +72,11 @@ RunResult run_typed(const Problem& p, const Inputs& in, Outputs& out, const RunO
     f.block_m = int(in.mask.block_q), f.block_n = int(in.mask.block_k);
     f.mask_batch = int(in.mask.batch), f.mask_heads = int(in.mask.heads);
   }
-  // The persistent kernels' work counter (make_plan zeroes it; each launch leaves it zero).
+  // The work counter (needs_counter; make_plan zeroes it, the backward's pre-pass too, and each
+  // launch leaves it zero).
   const fa3::Variant v = variant_named(opt.variant);
-  DeviceBuffer<uint32_t> counter(fa3::is_persistent(v) ? 1 : 0);
-  f.tile_counter = counter.get();
+  DeviceBuffer<uint32_t> counter(needs_counter(p, opt) ? 1 : 0);
+  if (fa3::is_persistent(v)) f.tile_counter = counter.get();
   const fa3::FwdPlan plan = fa3::make_plan(f, v);
   g.forward([&] { fa3::launch(plan); });
   g.result.workspace_bytes = workspace_bytes(p, opt);
@@ -87,8 +95,7 @@ RunResult run_typed(const Problem& p, const Inputs& in, Outputs& out, const RunO
     DeviceBuffer<float> dq_acc(ws.dq_acc_bytes / 4), lse2(ws.lse2_bytes / 4),
         dsum(ws.dsum_bytes / 4);
     b.dq_acc = dq_acc.get(), b.lse2 = lse2.get(), b.dsum = dsum.get();
-    DeviceBuffer<uint32_t> bwd_counter(1);  // the persistent backward's (its pre-pass zeroes it)
-    b.tile_counter = bwd_counter.get();
+    b.tile_counter = counter.get();  // the forward's: the backward runs after it on the stream
     const fa3::BwdPlan bplan = fa3::make_bwd_plan(b);
     g.backward([&] { fa3::launch_bwd(bplan); });
     g.result.config += "; " + fa3::describe(bplan);
