@@ -15,10 +15,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(sys.argv[1]) / "tools"))
+import figures  # noqa: E402  (the results schema's columns)
+
 TOOL = Path(sys.argv[1]) / "tools" / "bar_table.py"
-HEADER = ["step", "dtype", "batch", "heads", "heads_kv", "seq_q", "seq_k", "dim", "causal",
-          "direction", "ms", "tflops", "gbps", "workspace_bytes", "gpu", "cuda", "commit",
-          "dropout", "density", "run"]
+HEADER = figures.COLUMNS + ["dropout", "density", "run"]
 
 
 def row(step, ms, run, commit="c1", dropout=0):
