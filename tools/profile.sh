@@ -12,10 +12,12 @@
 # The launch profiled is the (SKIP+1)-th whose kernel name matches KERNEL_REGEX (default
 # SKIP=1: a ladder run's first launch is its check). Writes $OUT/profile/NAME.ncu-rep,
 # NAME.txt (the details page) and NAME.raw.txt (every collected metric, per-opcode counts
-# included). Environment: OUT (default ./out), SKIP.
+# included). With SOURCE=1 it also samples warp stalls per instruction (SourceCounters) and
+# writes NAME.sass.csv (the source page: each SASS instruction with its executions and stall
+# samples; tools/stalls.py ranks them). Environment: OUT (default ./out), SKIP, SOURCE.
 set -euo pipefail
 if [ $# -lt 3 ]; then
-  sed -n '2,14p' "$0"
+  sed -n '2,16p' "$0"
   exit 2
 fi
 name=$1 kernel=$2
@@ -25,6 +27,7 @@ mkdir -p "$dir"
 sections=(SpeedOfLight ComputeWorkloadAnalysis InstructionStats SchedulerStats WarpStateStats
   Occupancy LaunchStats MemoryWorkloadAnalysis MemoryWorkloadAnalysis_Tables)
 args=()
+[ "${SOURCE:-0}" = 1 ] && sections+=(SourceCounters)
 for s in "${sections[@]}"; do args+=(--section "$s"); done
 ncu --clock-control none --target-processes all -k "regex:$kernel" --launch-skip "${SKIP:-1}" \
   --launch-count 1 "${args[@]}" -f -o "$dir/$name" "$@" >"$dir/$name.log" 2>&1 ||
@@ -33,5 +36,9 @@ ncu --import "$dir/$name.ncu-rep" --page details >"$dir/$name.txt"
 ncu --import "$dir/$name.ncu-rep" --page raw --print-metric-instances details \
   >"$dir/$name.raw.txt" 2>&1 ||
   ncu --import "$dir/$name.ncu-rep" --page raw >"$dir/$name.raw.txt"
+if [ "${SOURCE:-0}" = 1 ]; then
+  ncu --import "$dir/$name.ncu-rep" --page source --print-source sass --csv >"$dir/$name.sass.csv" ||
+    echo "profile.sh: no source page for $name (see $name.sass.csv)" >&2
+fi
 grep -E "^  [A-Za-z_].*\(|Duration|Issue Slots Busy|Executed Ipc Active|Registers Per Thread" \
   "$dir/$name.txt" | head -8

@@ -50,16 +50,25 @@ __device__ __forceinline__ void store_ds_t(unsigned char* buf, const uint32_t (&
 // dQ part (64 x 64 fp32, accumulator layout: dq[4c + 2r + i] = row 16wp + g + 8r, column
 // 8c + 2t + i) into this warpgroup's staging tile: box c / 4 (32 columns), row R at R * 128
 // bytes, 16-byte chunk (column % 32) / 4 at chunk ^ (R % 8) — the TMA's 128-byte swizzle.
+// Bank conflicts: a 64-bit store is served 16 lanes (rows g = 0..3 or 4..7, 32 bytes each) at a
+// time. If every lane stored block c, rows g and g ^ 1 would land on the same two chunks (the
+// swizzle flips chunk bit 0 with g's bit 0, and a row's 32 bytes are a chunk pair) and each
+// half would take two wavefronts. So the odd rows store block c ^ 2 at the same time (chunk
+// bit 2 flipped): the 16 lanes then cover the row's 8 chunks once, one wavefront per half. The
+// price is a select per register, on lanes that differ by g's bit 0.
 __device__ __forceinline__ void stage_dq(unsigned char* buf, const float (&dq)[32], int wp, int g,
                                          int t) {
+  const bool odd = g & 1;
+  const int sw = g ^ (t >> 1) ^ (odd ? 4 : 0);  // chunk ^ (R % 8) = 2 (c % 4) ^ sw for block c
 #pragma unroll
   for (int cc = 0; cc < 8; ++cc)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = 16 * wp + g + 8 * r, chunk = 2 * (cc % 4) + (t >> 1);
-      const int off = (cc / 4) * kDqBoxBytes + row * kRowBytes + ((chunk ^ g) * 16) + (t & 1) * 8;
+      const int row = 16 * wp + g + 8 * r, e = 4 * cc + 2 * r, o = 4 * (cc ^ 2) + 2 * r;
+      const int off = (cc / 4) * kDqBoxBytes + row * kRowBytes + (((2 * (cc % 4)) ^ sw) * 16) +
+                      (t & 1) * 8;
       *reinterpret_cast<float2*>(buf + off) =
-          make_float2(dq[4 * cc + 2 * r], dq[4 * cc + 2 * r + 1]);
+          odd ? make_float2(dq[o], dq[o + 1]) : make_float2(dq[e], dq[e + 1]);
     }
 }
 
