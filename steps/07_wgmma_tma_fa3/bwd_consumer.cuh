@@ -65,8 +65,8 @@ __device__ __forceinline__ void stage_dq(unsigned char* buf, const float (&dq)[3
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = 16 * wp + g + 8 * r, e = 4 * cc + 2 * r, o = 4 * (cc ^ 2) + 2 * r;
-      const int off = (cc / 4) * kDqBoxBytes + row * kRowBytes + (((2 * (cc % 4)) ^ sw) * 16) +
-                      (t & 1) * 8;
+      const int off =
+          (cc / 4) * kDqBoxBytes + row * kRowBytes + (((2 * (cc % 4)) ^ sw) * 16) + (t & 1) * 8;
       *reinterpret_cast<float2*>(buf + off) =
           odd ? make_float2(dq[o], dq[o + 1]) : make_float2(dq[e], dq[e + 1]);
     }
