@@ -17,7 +17,7 @@
 # samples; tools/stalls.py ranks them). Environment: OUT (default ./out), SKIP, SOURCE.
 set -euo pipefail
 if [ $# -lt 3 ]; then
-  sed -n '2,16p' "$0"
+  sed -n '2,17p' "$0"
   exit 2
 fi
 name=$1 kernel=$2
@@ -38,7 +38,7 @@ ncu --import "$dir/$name.ncu-rep" --page raw --print-metric-instances details \
   ncu --import "$dir/$name.ncu-rep" --page raw >"$dir/$name.raw.txt"
 if [ "${SOURCE:-0}" = 1 ]; then
   ncu --import "$dir/$name.ncu-rep" --page source --print-source sass --csv >"$dir/$name.sass.csv" ||
-    echo "profile.sh: no source page for $name (see $name.sass.csv)" >&2
+    echo "profile.sh: ncu wrote no source page for $name (its message is above)" >&2
 fi
 grep -E "^  [A-Za-z_].*\(|Duration|Issue Slots Busy|Executed Ipc Active|Registers Per Thread" \
   "$dir/$name.txt" | head -8

@@ -1,100 +1,133 @@
 #!/usr/bin/env python3
 """Where a kernel's warps wait, per SASS instruction, from Nsight Compute's source page.
 
-  tools/stalls.py NAME.sass.csv [--hot F] [--top N]
+  tools/stalls.py PAGE [--hot F] [--top N] [--phases ROW[=NAME],ROW[=NAME],...]
 
-NAME.sass.csv is what `SOURCE=1 tools/profile.sh NAME ...` writes (ncu --page source
---print-source sass --csv): one row per SASS instruction with its executions, its warp-stall
-samples by reason and, for shared-memory accesses, the wavefronts it took against the ideal.
+PAGE is the NAME.sass.csv that `SOURCE=1 tools/profile.sh NAME ...` writes (ncu --page source
+--print-source sass --csv), or the same file gzipped (.gz): one row per SASS instruction with its
+executions, its warp-stall samples by reason and, for shared-memory accesses, the wavefronts it
+took against the ideal. Rows are numbered from 0 in program order, as printed.
 
-Prints, for the instructions executed at least F times as often as the loop that dominates (the
-execution count that accounts for the most executed instructions; default 0.9, 0 for the whole
-kernel):
+Prints, for the "hot" instructions, those executed at least F times as often as the loop that
+dominates (the execution count that accounts for the most executed instructions; default 0.9,
+0 for the whole kernel):
   - the stall samples by reason. Samples whose reason has no column in the page (ncu has no
     per-instruction column for some, the wgmma "gmma" stall among them) are listed as
     "no column";
-  - the samples by instruction kind (HGMMA, STS, STSM, LDS, BAR, FENCE, SYNCS, MUFU, other);
+  - the samples by instruction kind (HGMMA, STSM, STS, LDSM, LDS, BAR, FENCE, SYNCS, MUFU,
+    WARPGROUP, other);
   - the shared-memory accesses that take more wavefronts than ideal (bank conflicts);
   - the N instructions with the most samples, in program order, with their top reasons and the
-    cumulative share of the samples up to each (the phases of the loop).
+    cumulative share of the hot samples up to and including each;
+  - with --phases, the hot samples between consecutive boundary rows (a phase runs from its row
+    to the next boundary; hot rows before the first boundary belong to the last phase, as a loop
+    wraps round);
+and, for the other instructions, their samples by execution count (code run once per item, once
+per CTA, ...).
 """
 import argparse
 import collections
 import csv
+import gzip
 import sys
 
 KINDS = ("HGMMA", "STSM", "STS", "LDSM", "LDS", "BAR", "FENCE", "SYNCS", "MUFU", "WARPGROUP")
+SAMPLES, EXECUTED = "Warp Stall Sampling (All Samples)", "Instructions Executed"
+WAVES, IDEAL = "L1 Wavefronts Shared", "L1 Wavefronts Shared Ideal"
 
 
 def kind(source):
-    op = source.split()
-    op = op[1] if op and op[0].startswith("@") and len(op) > 1 else (op[0] if op else "")
-    base = op.split(".")[0]
+    words = source.split()
+    if words and words[0].startswith("@"):  # a predicate guard, not the opcode
+        words = words[1:]
+    base = words[0].split(".")[0] if words else ""
     return base if base in KINDS else "other"
 
 
 def load(path):
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
+    try:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt", newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        sys.exit(f"stalls.py: cannot read {path}: {e}")
     # The page starts with a "Kernel Name" row, then the header.
     start = next((i for i, r in enumerate(rows) if r and r[0] == "Address"), None)
     if start is None:
         sys.exit(f"stalls.py: {path} has no 'Address' header row (not an ncu source page?)")
     head = rows[start]
-    need = ("Source", "Warp Stall Sampling (All Samples)", "Instructions Executed")
-    missing = [c for c in need if c not in head]
+    missing = [c for c in ("Source", SAMPLES, EXECUTED) if c not in head]
     if missing:
         sys.exit(f"stalls.py: {path} lacks the columns {missing}")
-    return [dict(zip(head, r)) for r in rows[start + 1:] if len(r) == len(head)]
+    return head, [dict(zip(head, r)) for r in rows[start + 1:] if len(r) == len(head)]
 
 
 def num(text):
     try:
-        return int(text.replace(",", ""))
-    except (ValueError, AttributeError):
+        return int(str(text).replace(",", ""))
+    except ValueError:
         return 0
+
+
+def phase_bounds(text, hot_rows, parser):
+    bounds = []
+    for item in text.split(","):
+        row, _, name = item.partition("=")
+        try:
+            r = int(row)
+        except ValueError:
+            parser.error(f"--phases: '{item}' is not ROW or ROW=NAME")
+        if r not in hot_rows:
+            parser.error(f"--phases: row {r} is not a hot instruction")
+        bounds.append((r, name.strip() or f"from row {r}"))
+    if [r for r, _ in bounds] != sorted({r for r, _ in bounds}):
+        parser.error("--phases: the rows must be distinct and in increasing order")
+    return bounds
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("csv")
+    ap.add_argument("page", help="NAME.sass.csv (or .gz) from SOURCE=1 tools/profile.sh")
     ap.add_argument("--hot", type=float, default=0.9,
                     help="keep instructions executed >= HOT x the dominant loop's count "
                     "(default 0.9)")
     ap.add_argument("--top", type=int, default=30, help="instructions listed (default 30)")
+    ap.add_argument("--phases", help="ROW[=NAME],...: samples between these hot rows")
     a = ap.parse_args()
     if not 0 <= a.hot <= 1:
         ap.error("--hot is a fraction, 0 to 1")
-    rows = load(a.csv)
+    if a.top < 0:
+        ap.error("--top is a count, 0 or more")
+    head, rows = load(a.page)
     if not rows:
-        sys.exit(f"stalls.py: {a.csv} has no instruction rows")
-    reasons = [k for k in rows[0] if k.startswith("stall_") and "(Not Issued)" not in k]
+        sys.exit(f"stalls.py: {a.page} has no instruction rows")
+    reasons = [k for k in head if k.startswith("stall_") and "(Not Issued)" not in k]
     # The dominant loop: the execution count that accounts for the most executed instructions
     # (count x instructions with it); a spin loop's few instructions run more often.
     work = collections.Counter()
     for r in rows:
-        work[num(r["Instructions Executed"])] += num(r["Instructions Executed"])
+        work[num(r[EXECUTED])] += num(r[EXECUTED])
     work.pop(0, None)
     if not work:
-        sys.exit(f"stalls.py: {a.csv} has no executed instruction")
+        sys.exit(f"stalls.py: {a.page} has no executed instruction")
     most = work.most_common(1)[0][0]
-    hot = [(i, r) for i, r in enumerate(rows) if num(r["Instructions Executed"]) >= a.hot * most]
-    total = sum(num(r["Warp Stall Sampling (All Samples)"]) for _, r in hot)
-    everything = sum(num(r["Warp Stall Sampling (All Samples)"]) for r in rows)
+    hot = [(i, r) for i, r in enumerate(rows) if num(r[EXECUTED]) >= a.hot * most]
+    total = sum(num(r[SAMPLES]) for _, r in hot)
+    everything = sum(num(r[SAMPLES]) for r in rows)
     print(f"{len(hot)} of {len(rows)} instructions executed >= {a.hot:g} x {most}: "
           f"{total} of {everything} samples")
     if total == 0:
         return
 
+    def why(r, n):
+        c = collections.Counter({k[len("stall_"):]: num(r[k]) for k in reasons})
+        c["no column"] = num(r[SAMPLES]) - sum(c.values())
+        return c if n is None else ", ".join(f"{k} {v}" for k, v in c.most_common(n) if v > 0)
+
     by_reason, by_kind = collections.Counter(), collections.Counter()
     for _, r in hot:
-        s = num(r["Warp Stall Sampling (All Samples)"])
-        named = 0
-        for k in reasons:
-            by_reason[k[len("stall_"):]] += num(r[k])
-            named += num(r[k])
-        by_reason["no column"] += s - named
-        by_kind[kind(r["Source"].strip())] += s
+        by_reason.update(why(r, None))
+        by_kind[kind(r["Source"].strip())] += num(r[SAMPLES])
     print("\nsamples by reason")
     for k, v in by_reason.most_common():
         if v:
@@ -104,29 +137,49 @@ def main():
         print(f"  {k:20s}{v:9d} {100 * v / total:5.1f} %")
 
     print("\nshared-memory accesses above their ideal wavefronts (per execution)")
-    any_conflict = False
-    for i, r in hot:
-        e = num(r["Instructions Executed"])
-        w, ideal = num(r.get("L1 Wavefronts Shared", "0")), num(r.get("L1 Wavefronts Shared Ideal", "0"))
-        if e and w > ideal:
-            any_conflict = True
-            print(f"  {i:5d}  {w / e:5.1f} / {ideal / e:4.1f}  {r['Source'].strip()[:70]}")
-    if not any_conflict:
-        print("  none")
+    if WAVES not in head or IDEAL not in head:
+        print("  (the page has no wavefront columns)")
+    else:
+        conflicts = [(i, r) for i, r in hot
+                     if num(r[EXECUTED]) and num(r[WAVES]) > num(r[IDEAL])]
+        for i, r in conflicts:
+            e = num(r[EXECUTED])
+            print(f"  {i:5d}  {num(r[WAVES]) / e:5.1f} / {num(r[IDEAL]) / e:4.1f}  "
+                  f"{r['Source'].strip()[:70]}")
+        if not conflicts:
+            print("  none")
 
-    print(f"\nthe {a.top} instructions with the most samples, in program order "
-          "(row, samples, cumulative share, instruction, top reasons)")
     cum, share = 0, {}
     for i, r in hot:
-        cum += num(r["Warp Stall Sampling (All Samples)"])
+        cum += num(r[SAMPLES])
         share[i] = cum / total
-    top = sorted(hot, key=lambda ir: -num(ir[1]["Warp Stall Sampling (All Samples)"]))[:a.top]
+    print(f"\nthe {a.top} instructions with the most samples, in program order "
+          "(row, samples, cumulative share, instruction, top reasons)")
+    top = sorted(hot, key=lambda ir: -num(ir[1][SAMPLES]))[:a.top]
     for i, r in sorted(top, key=lambda ir: ir[0]):
-        c = collections.Counter({k[len("stall_"):]: num(r[k]) for k in reasons})
-        s = num(r["Warp Stall Sampling (All Samples)"])
-        c["no column"] = s - sum(c.values())
-        why = ", ".join(f"{k} {v}" for k, v in c.most_common(3) if v > 0)
-        print(f"  {i:5d} {s:7d} {100 * share[i]:5.1f} %  {r['Source'].strip()[:58]:58s} {why}")
+        print(f"  {i:5d} {num(r[SAMPLES]):7d} {100 * share[i]:5.1f} %  "
+              f"{r['Source'].strip()[:58]:58s} {why(r, 3)}")
+
+    if a.phases:
+        bounds = phase_bounds(a.phases, {i for i, _ in hot}, ap)
+        starts = [b for b, _ in bounds]
+        per = collections.Counter()
+        for i, r in hot:
+            before = [k for k, s in enumerate(starts) if s <= i]
+            per[before[-1] if before else len(starts) - 1] += num(r[SAMPLES])
+        print("\nsamples by phase (first row, name)")
+        for k, (row, name) in enumerate(bounds):
+            print(f"  {row:5d} {per[k]:9d} {100 * per[k] / total:5.1f} %  {name}")
+
+    cold = collections.Counter()
+    for r in rows:
+        if num(r[EXECUTED]) < a.hot * most:
+            cold[num(r[EXECUTED])] += num(r[SAMPLES])
+    if cold and sum(cold.values()):
+        print(f"\nthe other instructions' samples by execution count (of {everything}; the "
+              "largest five)")
+        for count, s in cold.most_common(5):
+            print(f"  {count:12d} x {s:9d} {100 * s / everything:5.1f} %")
 
 
 if __name__ == "__main__":

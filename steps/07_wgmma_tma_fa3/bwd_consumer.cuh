@@ -54,12 +54,13 @@ __device__ __forceinline__ void store_ds_t(unsigned char* buf, const uint32_t (&
 // time. If every lane stored block c, rows g and g ^ 1 would land on the same two chunks (the
 // swizzle flips chunk bit 0 with g's bit 0, and a row's 32 bytes are a chunk pair) and each
 // half would take two wavefronts. So the odd rows store block c ^ 2 at the same time (chunk
-// bit 2 flipped): the 16 lanes then cover the row's 8 chunks once, one wavefront per half. The
-// price is a select per register, on lanes that differ by g's bit 0.
+// bit 2 flipped): the four rows of a half then cover the 8 chunk positions once (all 32 banks),
+// one wavefront per half. The price is a select per register, on lanes that differ by g's bit 0.
 __device__ __forceinline__ void stage_dq(unsigned char* buf, const float (&dq)[32], int wp, int g,
                                          int t) {
   const bool odd = g & 1;
-  const int sw = g ^ (t >> 1) ^ (odd ? 4 : 0);  // chunk ^ (R % 8) = 2 (c % 4) ^ sw for block c
+  // Step cc's store lands at chunk 2 (cc % 4) ^ sw of its row (block cc ^ 2 on odd rows).
+  const int sw = g ^ (t >> 1) ^ (odd ? 4 : 0);
 #pragma unroll
   for (int cc = 0; cc < 8; ++cc)
 #pragma unroll
