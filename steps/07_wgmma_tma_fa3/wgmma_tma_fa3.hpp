@@ -264,7 +264,9 @@ struct BwdPlan {
   void (*launcher)(const BwdPlan&, cudaStream_t) = nullptr;  // the chosen instantiation's
   dim3 grid, block;
   int smem_bytes = 0, regs = 0, br = 0, bc = 0, stages = 0;
-  int units = 0;  // K/V tiles x K/V heads x batch; grid.x < units: persistent CTAs
+  int units = 0;  // K/V tiles x K/V heads x batch
+  // Fewer CTAs than units: they take units from params.tile_counter (persistent).
+  bool persistent() const { return grid.x < unsigned(units); }
 };
 
 // Checks the parameters, encodes the tensor maps, sets the main kernel's shared-memory limit.

@@ -210,7 +210,7 @@ void launch_as(const BwdPlan& plan, cudaStream_t stream) {
   const int bh = f.batch * f.heads, m_pad = rows_padded(f.seq_q);
   const int64_t rows = int64_t(bh) * m_pad;
   // The persistent grid's work counter (tile_scheduler.cuh), zeroed by the pre-pass.
-  unsigned int* counter = plan.grid.x < unsigned(plan.units) ? f.tile_counter : nullptr;
+  unsigned int* counter = plan.persistent() ? f.tile_counter : nullptr;
   bwd_prepass_kernel<T, D>
       <<<unsigned((rows + kPrepassRows - 1) / kPrepassRows), kPrepassThreads, 0, stream>>>(
           static_cast<const T*>(f.o), static_cast<const T*>(f.dout),
@@ -313,7 +313,7 @@ void launch_bwd(const BwdPlan& plan, cudaStream_t stream) {
   if (!plan.launcher) throw std::invalid_argument("step 07 backward: launch of an empty plan");
   // A persistent plan's CTAs take units from the counter: without it, units past the grid's
   // would get no dK, dV at all (a caller who swapped the plan's parameters).
-  if (plan.grid.x < unsigned(plan.units) && !plan.params.tile_counter)
+  if (plan.persistent() && !plan.params.tile_counter)
     throw std::invalid_argument(
         "step 07 backward: a persistent plan launched without tile_counter");
   plan.launcher(plan, stream);
@@ -326,7 +326,7 @@ std::string describe(const BwdPlan& plan) {
     << " threads=" << plan.block.x << " (producer + 2 consumer warpgroups) smem=" << plan.smem_bytes
     << " regs=" << plan.regs << " setmaxnreg=" << kProducerRegs << "/" << kConsumerRegs
     << " stages=" << plan.stages << " units=" << plan.units << " grid=" << plan.grid.x;
-  if (plan.grid.x < unsigned(plan.units)) s << " (persistent)";
+  if (plan.persistent()) s << " (persistent)";
   if (plan.params.q_count || plan.params.dropout_p > 0.f) s << " extras=dropout+block-sparse";
   return s.str();
 }

@@ -186,7 +186,7 @@ bool check_run(Bwd<T>& b, const BwdParams& f, BwdVariant v, const std::string& w
   b.poison();
   // A persistent plan must not depend on what the counter holds (the pre-pass zeroes it) and
   // must leave it at 0: the package's forward, which shares it, starts from 0.
-  const bool persistent = plan.grid.x < unsigned(plan.units);
+  const bool persistent = plan.persistent();
   const unsigned int before = persistent ? 0xdeadu : 0u;
   CUDA_CHECK(cudaMemcpy(b.counter.get(), &before, sizeof before, cudaMemcpyHostToDevice));
   ladder::fa3::launch_bwd(plan);
