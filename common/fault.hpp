@@ -14,4 +14,14 @@ inline constexpr bool kFault = true;
 inline constexpr bool kFault = false;
 #endif
 
+// The rescale fault (rungs 06 and 07, tests/fault.sh NN rescale): the online softmax's rescale
+// computed as exp2(m_old c - fl(m_new c)) instead of exp2((m_old - m_new) c). It is 2^eps, not
+// 1, when the row max holds, so l and LSE drift with the number of key tiles; the harness's
+// cases at scale must fail it.
+#ifdef LADDER_FAULT_RESCALE
+inline constexpr bool kFaultRescale = true;
+#else
+inline constexpr bool kFaultRescale = false;
+#endif
+
 }  // namespace ladder

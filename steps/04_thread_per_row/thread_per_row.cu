@@ -30,6 +30,7 @@ namespace ladder {
 namespace {
 
 constexpr int kThreads = 128;  // query rows per block, all of one (batch, head)
+constexpr int kSumBlock = 32;  // keys per partial sum of l (the yardstick's, reference/plain.cpp)
 // The head dims the kernel is instantiated for (it keeps q_i and O_i in registers).
 using HeadDims = Dims<16, 32, 64, 96, 128, 256>;
 
@@ -71,8 +72,18 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int c = 0; c < D; ++c) o[c] = 0.f;
   float m = -INFINITY, l = 0.f;
+  // l is summed in blocks of kSumBlock keys, as a tiled kernel's is: the update below sums one
+  // block into l, and each block's sum is added to l_done, the blocks before, rescaled from the
+  // max they were summed under (m_done; the factor is exactly 1 when the max held). One running
+  // sum over 32k keys would lose about ten times more to rounding (notes/04_thread_per_row.md).
+  float m_done = -INFINITY, l_done = 0.f;
+  auto fold = [&] {
+    l_done = (m_done == -INFINITY ? 0.f : l_done * expf(m_done - m)) + l;
+    m_done = m, l = 0.f;
+  };
 
   for (int64_t j = 0; j < n; ++j) {
+    if (j % kSumBlock == 0) fold();
     // Every thread of the warp loads the same K_j: one broadcast per warp, not 32 reads.
     const float* Kj = Kh + j * D;
     float dot = 0.f;  // q_i . K_j, summed left to right as the plain loop does
@@ -90,7 +101,8 @@ __global__ void __launch_bounds__(kThreads)
     // unnormalised output row that stay exact as the max grows.
     //
     // Invariant, over the keys folded so far: m is their largest score, l = sum of
-    // exp(score - m), o[0..D) = sum of exp(score - m) * V. Fold in key j (score sij, value
+    // exp(score - m) (over this block's keys: the loop moves l to l_done at each block's
+    // start), o[0..D) = sum of exp(score - m) * V. Fold in key j (score sij, value
     // row Vh + j * D) so that it holds for one more key; V rows are 16-byte aligned (float4
     // loads). The first key arrives with m = -inf and must not make a NaN. No division here.
     const float m_new = fmaxf(m, sij);    // finite from the first key on
@@ -109,6 +121,8 @@ __global__ void __launch_bounds__(kThreads)
     m = m_new;
     // EXERCISE END
   }
+  fold();
+  l = l_done;
 
   // EXERCISE BEGIN finish-row [easy]
   // Concept: deferred normalisation: one division per row, after the last key, and the

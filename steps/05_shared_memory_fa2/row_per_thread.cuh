@@ -142,16 +142,17 @@ __global__ void __launch_bounds__(kRowBr) row_forward_kernel(const FwdArgs p) {
     const float m_new = fmaxf(m, tile_max);
     const float shift = m_new == -INFINITY ? 0.f : m_new;
     const float alpha = expf(m - shift);
-    l *= alpha;
 #pragma unroll
     for (int c = 0; c < D; ++c) o[c] *= alpha;
+    float sum = 0.f;  // the tile's weights, then added to l: l is summed a tile at a time
 #pragma unroll
     for (int jj = 0; jj < kRowBc; ++jj) {
       const float pj = expf(s[jj] - shift);
-      l += pj;
+      sum += pj;
 #pragma unroll
       for (int c = 0; c < D; ++c) o[c] = fmaf(pj, Vs[jj][c], o[c]);
     }
+    l = alpha * l + sum;
     m = m_new;
     // EXERCISE END
   }

@@ -74,7 +74,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[C::kSlices][C::kBc / 8
       // A row that has seen only masked keys keeps m = -inf; subtract 0 then, so that
       // exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
       const float mx_scaled = mx == kNegInf ? 0.f : mx * p.scale_log2;
-      const float alpha = fast_exp2(row_m[mi][rh] * p.scale_log2 - mx_scaled);
+      const float alpha = rescale_factor(row_m[mi][rh], mx, p.scale_log2);  // 1 if the max held
       row_m[mi][rh] = mx;
       float sum = 0.f;
 #pragma unroll

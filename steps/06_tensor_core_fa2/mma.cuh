@@ -24,6 +24,7 @@
 #include <type_traits>
 
 #include "exercise.hpp"
+#include "fault.hpp"
 
 namespace ladder::step06 {
 
@@ -136,6 +137,17 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+// The online softmax's rescale exp2((m_old - m_new) c) for running maxima of raw scores and
+// c = scale log2(e) > 0. The difference is taken first, so alpha is exactly 1 when the max
+// did not change: m_old c - fl(m_new c) contracts to an FMA that keeps fl's rounding error,
+// and an alpha of 2^eps would scale l at every later tile, so LSE would drift with seq_k.
+// A row with nothing visible yet (m_new = -inf) gets 0, not exp2(NaN).
+__device__ __forceinline__ float rescale_factor(float m_old, float m_new, float c) {
+  if constexpr (ladder::kFaultRescale)  // the fault build's defect (common/fault.hpp)
+    return fast_exp2(fmaf(m_old, c, -(m_new == -INFINITY ? 0.f : __fmul_rn(m_new, c))));
+  return m_new == -INFINITY ? 0.f : fast_exp2((m_old - m_new) * c);
 }
 
 // A tile of rows of kCols 16-bit elements in shared memory, row-major in 16-byte chunks

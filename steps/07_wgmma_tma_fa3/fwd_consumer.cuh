@@ -53,7 +53,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kBc / 2], float (&m)[2],
     // p.score.scale_log2 (tau log2 e) and fast_exp2; one fmaf and one exp2 per score. Trap: a row
     // that has seen only masked keys so far.
     const float mx_scaled = mx == kNegInf ? 0.f : mx * p.score.scale_log2;
-    alpha[r] = fast_exp2(m[r] * p.score.scale_log2 - mx_scaled);
+    alpha[r] = rescale_factor(m[r], mx, p.score.scale_log2);  // exactly 1 if the max held
     m[r] = mx;
     float sum = 0.f;
 #pragma unroll
