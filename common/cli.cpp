@@ -202,7 +202,10 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
   option("--seed", o.p.seed, "seed of the generated inputs (and of a random block mask)",
          unsigned_integer(), g)
       ->capture_default_str();
-  text("--inputs", o.inputs, "generated input kind: normal | large (logits in the hundreds)", g)
+  text("--inputs", o.inputs,
+       "generated input kind: normal | large (logits in the hundreds) | late (the row max grows "
+       "along the keys)",
+       g)
       ->capture_default_str();
   app.add_flag("--backward", o.p.backward, "also run the backward pass (dQ, dK, dV; needs dO)")
       ->group(g);
@@ -245,7 +248,11 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
          rg);
   option("--tile-k", o.run.tile_k, "Bc, keys per tile, for tiled steps (0: the step's choice)",
          integer_in(0, 1 << 30), rg);
-  text("--check", o.check, "auto | full | sampled | none: check against the float64 oracle", rg)
+  text("--check", o.check,
+       "auto | full | sampled | sampled:DRAW | none: check against the float64 oracle (auto: "
+       "full below 4 GFLOP of oracle work, else sampled rows and keys drawn afresh; "
+       "sampled:DRAW repeats a draw a report printed)",
+       rg)
       ->capture_default_str();
   app.add_flag("-v,--verbose", o.run.verbose, "print what the step chose")->group(rg);
 }

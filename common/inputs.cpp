@@ -38,9 +38,11 @@ Outputs Outputs::poisoned(const Problem& p) {
 }
 
 bool parse_input_kind(const std::string& s, InputKind& out) {
-  if (s != "normal" && s != "large") return false;
-  out = s == "normal" ? InputKind::normal : InputKind::large;
-  return true;
+  static const std::pair<const char*, InputKind> names[] = {
+      {"normal", InputKind::normal}, {"large", InputKind::large}, {"late", InputKind::late}};
+  for (const auto& [name, kind] : names)
+    if (s == name) return out = kind, true;
+  return false;
 }
 
 namespace {
@@ -67,6 +69,11 @@ Inputs make_inputs(const Problem& p, InputKind kind) {
   const double qk_scale = kind == InputKind::large ? 6.0 : 1.0;
   fill(in.q, rng, 0.5, qk_scale, 1.0);
   fill(in.k, rng, 0.5, qk_scale, 3.0);
+  if (kind == InputKind::late) {  // key j scaled by 1 + 3 j / seq_k
+    const int64_t d = p.dim, n = p.seq_k;
+    for (int64_t e = 0; e < in.k.numel(); ++e)
+      in.k.data[size_t(e)] *= 1.0 + 3.0 * double(e / d % n) / double(n);
+  }
   fill(in.v, rng, 0.25, 1.0, 1.0);
   if (p.backward) {
     in.dout = Tensor({p.batch, p.heads, p.seq_q, p.dim});

@@ -29,7 +29,9 @@ struct Outputs {
 //          scaled up, so some logits are large and softmax is not flat;
 //  large:  Q and K scaled so logits reach the hundreds: exp without the max
 //          shift overflows even in float64 (exp(710) = inf).
-enum class InputKind { normal, large };
+//  late:   normal, with key j scaled by 1 + 3 j / seq_k: logits grow along the keys to the
+//          tens, so a row's running max keeps growing and peaks in the last tiles.
+enum class InputKind { normal, large, late };
 bool parse_input_kind(const std::string& s, InputKind& out);
 
 // Draws Q, K, V (and dO when p.backward), rounds them to p.dtype, and makes the block mask

@@ -153,3 +153,62 @@ void attention(const Problem& p, const Inputs& in, Outputs& out, const std::vect
 }
 
 }  // namespace ladder::reference
+
+namespace ladder::reference {
+
+void key_columns(const Problem& p, const Inputs& in, const std::vector<int64_t>& keys,
+                 Outputs& rows, Outputs& out) {
+  Problem fwd = p;
+  fwd.backward = false;
+  attention(fwd, in, rows);  // O and LSE of every query row: P and D need them
+  const double scale = p.softmax_scale();
+  const int64_t M = p.seq_q, R = int64_t(keys.size()), d = p.dim;
+  const size_t kBlock = 256;  // query rows per block, as attention() takes them
+  const bool dropping = p.dropout > 0;
+  const uint32_t thresh = dropout::threshold(p.dropout);
+  const double inv_keep = 1.0 / (1.0 - p.dropout);
+  std::vector<unsigned char> keep(static_cast<size_t>(p.seq_k));
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
+      const Mat K = load(in.k, b, hk, keys), V = load(in.v, b, hk, keys);
+      Mat dK = Mat::Zero(R, d), dV = Mat::Zero(R, d);
+      for (int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h)
+        for (int64_t r0 = 0; r0 < M; r0 += int64_t(kBlock)) {
+          const std::vector<int64_t> blk = [&] {
+            std::vector<int64_t> v;
+            for (int64_t i = r0; i < std::min<int64_t>(M, r0 + int64_t(kBlock)); ++i)
+              v.push_back(i);
+            return v;
+          }();
+          const int64_t B = int64_t(blk.size());
+          const Mat Q = load(in.q, b, h, blk), dO = load(in.dout, b, h, blk);
+          const Mat O = load(rows.o, b, h, blk);
+          const Mat S = (Q * K.transpose()) * scale;
+          Mat P = Mat::Zero(B, R), Z = Mat::Constant(B, R, 1.0);
+          for (int64_t r = 0; r < B; ++r) {
+            const int64_t i = blk[size_t(r)];
+            const double lse = rows.lse.data[size_t((b * p.heads + h) * M + i)];
+            if (lse == -std::numeric_limits<double>::infinity()) continue;  // sees no key
+            if (dropping) dropout::keep_row(p.dropout_seed, thresh, b, h, i, p.seq_k, keep.data());
+            for (int64_t c = 0; c < R; ++c) {
+              const int64_t j = keys[size_t(c)];
+              if (j < p.visible_keys(i) && in.mask.visible(b, h, i, j))
+                P(r, c) = std::exp(S(r, c) - lse);
+              if (dropping) Z(r, c) = keep[size_t(j)] ? inv_keep : 0.0;
+            }
+          }
+          // The oracle's formulas (above), on these key columns only.
+          const Mat Pd = P.cwiseProduct(Z);
+          const Mat dP = (dO * V.transpose()).cwiseProduct(Z);
+          const Eigen::VectorXd D = (dO.array() * O.array()).rowwise().sum();
+          const Mat dS = (P.array() * (dP.colwise() - D).array()).matrix();
+          dK.noalias() += (dS.transpose() * Q) * scale;
+          dV.noalias() += Pd.transpose() * dO;
+        }
+      const std::vector<int64_t> at = iota(R);  // compact: [B, Hkv, R, d]
+      store(out.dk, b, hk, at, dK);
+      store(out.dv, b, hk, at, dV);
+    }
+}
+
+}  // namespace ladder::reference

@@ -21,6 +21,20 @@ namespace ladder::reference {
 void attention(const Problem& p, const Inputs& in, Outputs& out,
                const std::vector<int64_t>* rows = nullptr);
 
+// The column pass of a sampled backward check: the oracle's forward over every query row
+// into `rows` (O and LSE, full shapes, allocated by the caller), then dK and dV for the key
+// rows `keys` only (the same indices in every batch and K/V head), written compactly into
+// out.dk and out.dv ([B, Hkv, R, d]). Costs one forward pass, not a backward one.
+void key_columns(const Problem& p, const Inputs& in, const std::vector<int64_t>& keys,
+                 Outputs& rows, Outputs& out);
+
+// The yardstick's dK and dV on the key rows `keys` (as key_columns() lays them out), rebuilding
+// P from the oracle's LSE rounded to fp32 and D from the oracle's O rounded to `precision` (as
+// a kernel reads its own stored LSE and O): its own forward over every row would cost the full
+// check. `rows`: key_columns()'s forward.
+void plain_key_columns(const Problem& p, const Inputs& in, DType precision,
+                       const std::vector<int64_t>& keys, const Outputs& rows, Outputs& out);
+
 // The plain computation in `precision` (fp32, fp16 or bf16) whose error vs the oracle sets
 // the harness's tolerance: left-to-right float32 sums, fp16/bf16 results rounded to that
 // type (plain.cpp). Same arguments as attention().

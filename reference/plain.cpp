@@ -13,9 +13,15 @@
 //    P = exp(S - LSE) in fp32, dS = P o (dP - D) in fp32; P and dS rounded to the dtype
 //    before the products dV = P^T dO, dQ = dS K, dK = dS^T Q, which sum in fp32; the
 //    gradients rounded to the dtype once.
+//  - the row sum l is blocked as a tiled kernel's is: the weights of each run of kSumBlock
+//    keys summed left to right, those partial sums added to l in order. Summed left to right
+//    over all keys instead, l loses about seq_k unit roundoffs to swamping (1e-4 in LSE at
+//    seq_k 16384, most of the tolerance), and a kernel whose LSE drifts with the number of
+//    tiles would pass; blocked, it loses about kSumBlock + seq_k / kSumBlock.
 // For fp32 and float64 the roundings to the dtype are no-ops: the class is "every value in
-// that precision". Every sum runs left to right, which is less accurate than the blocked sums
-// of a real kernel, so a correct kernel's error is at most about the yardstick's.
+// that precision". The other sums (S over d, O and dQ over keys, dK and dV over query rows)
+// run left to right, as the fp32 rungs accumulate O key by key; in the 16-bit rungs the
+// rounding of the stored result dominates those (docs/CONTRACT.md, "The harness").
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -27,6 +33,10 @@
 namespace ladder::reference {
 
 namespace {
+
+// Keys per partial sum of l: the smallest key tile of the tiled rungs (step 05's row-per-thread
+// kernel and step 04's blocks of keys), so that every rung's l is at least this blocked.
+constexpr int64_t kSumBlock = 32;
 
 // F: the accumulation type (float, or double for a float64 step).
 template <class F>
@@ -85,14 +95,17 @@ void plain(const Problem& p, const Inputs& in, DType precision, Outputs& out,
             m = std::max(m, S[size_t(j)]);
           }
           std::fill(o.begin(), o.end(), F(0));
+          F part = 0;  // l's partial sum over the current block of kSumBlock keys
           for (int64_t j = 0; j < n; ++j) {
+            if (j % kSumBlock == 0) l += part, part = 0;
             if (!vis[size_t(j)]) continue;
             const F e = std::exp(S[size_t(j)] - m);
-            l += e;
+            part += e;
             if (!keep[size_t(j)]) continue;
             const F w = r(e);  // O_i = sum_j w_ij V_j / l_i (/ (1 - p) with dropout)
             for (int64_t c = 0; c < d; ++c) o[size_t(c)] += w * F(V[kv(kv0, j, c)]);
           }
+          l += part;
           const F norm = l == 0 ? F(0) : (dropping ? inv_keep : F(1)) / l;
           for (int64_t c = 0; c < d; ++c) {
             o[size_t(c)] = r(o[size_t(c)] * norm);
@@ -141,7 +154,73 @@ void plain(const Problem& p, const Inputs& in, DType precision, Outputs& out,
     }
 }
 
+// The yardstick's dK, dV on the key rows `keys` (plain_key_columns).
+template <class F>
+void plain_columns(const Problem& p, const Inputs& in, DType precision,
+                   const std::vector<int64_t>& keys, const Outputs& rows, Outputs& out) {
+  const int64_t M = p.seq_q, R = int64_t(keys.size()), d = p.dim;
+  const F scale = F(p.softmax_scale());
+  auto r = [precision](F x) { return F(round_to(precision, double(x))); };
+  const bool dropping = p.dropout > 0;
+  const uint32_t thresh = dropout::threshold(p.dropout);
+  const F inv_keep = F(1.0 / (1.0 - p.dropout));
+  const double *Q = in.q.data.data(), *K = in.k.data.data(), *V = in.v.data.data(),
+               *dO = in.dout.data.data();
+  const int64_t groups = p.batch * p.heads_kv;
+  parallel_chunks(groups, parallel_chunk_count(groups, 1), [&](int, int64_t g0, int64_t g1) {
+    std::vector<F> dK(static_cast<size_t>(R * d)), dV(static_cast<size_t>(R * d));
+    std::vector<unsigned char> keep(static_cast<size_t>(p.seq_k), 1);
+    for (int64_t grp = g0; grp < g1; ++grp) {
+      const int64_t b = grp / p.heads_kv, hk = grp % p.heads_kv;
+      const size_t kv0 = size_t((b * p.heads_kv + hk) * p.seq_k * d);
+      std::fill(dK.begin(), dK.end(), F(0)), std::fill(dV.begin(), dV.end(), F(0));
+      for (int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h)
+        for (int64_t i = 0; i < M; ++i) {
+          const size_t row = size_t((b * p.heads + h) * M + i);
+          const double lse64 = rows.lse.data[row];
+          if (lse64 == -std::numeric_limits<double>::infinity()) continue;  // sees no key
+          const F lse = F(lse64);  // as the kernel stores it
+          const double *q = Q + row * size_t(d), *g = dO + row * size_t(d);
+          F D = 0;  // from O as the kernel stores it
+          for (int64_t c = 0; c < d; ++c)
+            D += F(g[c]) * r(F(rows.o.data[row * size_t(d) + size_t(c)]));
+          if (dropping) dropout::keep_row(p.dropout_seed, thresh, b, h, i, p.seq_k, keep.data());
+          for (int64_t k = 0; k < R; ++k) {
+            const int64_t j = keys[size_t(k)];
+            if (j >= p.visible_keys(i) || !in.mask.visible(b, h, i, j)) continue;
+            const double *kj = K + kv0 + size_t(j * d), *vj = V + kv0 + size_t(j * d);
+            F s = 0, dp = 0;
+            for (int64_t c = 0; c < d; ++c) s += F(q[c]) * F(kj[c]);
+            if (keep[size_t(j)])
+              for (int64_t c = 0; c < d; ++c) dp += F(g[c]) * F(vj[c]);
+            if (dropping) dp *= inv_keep;
+            const F P = std::exp(scale * s - lse);
+            const F dS = r(P * (dp - D));
+            const F Pd = !keep[size_t(j)] ? F(0) : r(dropping ? P * inv_keep : P);
+            for (int64_t c = 0; c < d; ++c) {
+              dK[size_t(k * d + c)] += scale * dS * F(q[c]);
+              dV[size_t(k * d + c)] += Pd * F(g[c]);
+            }
+          }
+        }
+      const size_t out0 = size_t(grp * R * d);  // compact: [B, Hkv, R, d]
+      for (size_t e = 0; e < dK.size(); ++e) {
+        out.dk.data[out0 + e] = double(r(dK[e]));
+        out.dv.data[out0 + e] = double(r(dV[e]));
+      }
+    }
+  });
+}
+
 }  // namespace
+
+void plain_key_columns(const Problem& p, const Inputs& in, DType precision,
+                       const std::vector<int64_t>& keys, const Outputs& rows, Outputs& out) {
+  if (precision == DType::f64)
+    plain_columns<double>(p, in, precision, keys, rows, out);
+  else
+    plain_columns<float>(p, in, precision, keys, rows, out);
+}
 
 void plain_attention(const Problem& p, const Inputs& in, DType precision, Outputs& out,
                      const std::vector<int64_t>* rows) {

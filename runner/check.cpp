@@ -1,9 +1,13 @@
 #include "check.hpp"
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <random>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -60,6 +64,19 @@ ErrorStats compare(const std::vector<double>& got, const std::vector<double>& re
   return e;
 }
 
+namespace {
+// The draw of a sampled check's rows: fresh per check unless --check sampled:SEED fixed it.
+bool g_draw_fixed = false;
+uint64_t g_draw = 0;
+
+uint64_t next_draw() {
+  if (g_draw_fixed) return g_draw;
+  std::random_device dev;
+  return (uint64_t(dev()) << 32) ^ uint64_t(dev()) ^
+         uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+}
+}  // namespace
+
 bool parse_check_mode(const std::string& s, CheckMode& out) {
   static const std::pair<const char*, CheckMode> names[] = {{"auto", CheckMode::automatic},
                                                             {"full", CheckMode::full},
@@ -67,7 +84,16 @@ bool parse_check_mode(const std::string& s, CheckMode& out) {
                                                             {"none", CheckMode::none}};
   for (const auto& [name, mode] : names)
     if (s == name) return out = mode, true;
-  return false;
+  const std::string prefix = "sampled:";  // sampled:SEED repeats the draw a report printed
+  if (s.rfind(prefix, 0) != 0 || s.size() == prefix.size() ||
+      s.find_first_not_of("0123456789", prefix.size()) != std::string::npos ||
+      s.size() - prefix.size() > 20)
+    return false;
+  errno = 0;
+  const unsigned long long seed = std::strtoull(s.c_str() + prefix.size(), nullptr, 10);
+  if (errno == ERANGE) return false;
+  g_draw_fixed = true, g_draw = seed;
+  return out = CheckMode::sampled, true;
 }
 
 std::string index_str(const std::vector<int64_t>& shape, int64_t flat) {
@@ -84,16 +110,15 @@ std::string index_str(const std::vector<int64_t>& shape, int64_t flat) {
 }
 
 namespace {
-// A few query rows spread over the sequence, the same in every (batch, head).
-std::vector<int64_t> sample_rows(const Problem& p) {
-  std::vector<int64_t> r = {0, 1, p.seq_q / 3, p.seq_q / 2, p.seq_q - 2, p.seq_q - 1};
-  std::mt19937_64 rng(p.seed + 7);
-  for (int k = 0; k < 6; ++k) r.push_back(int64_t(rng() % uint64_t(p.seq_q)));
-  r.erase(std::remove_if(r.begin(), r.end(), [&](int64_t x) { return x < 0 || x >= p.seq_q; }),
-          r.end());
-  std::sort(r.begin(), r.end());
-  r.erase(std::unique(r.begin(), r.end()), r.end());
-  return r;
+// kSampled rows of a sequence of n (all of them when n is smaller), the same in every (batch,
+// head): both ends (tails, the causal diagonal's corner) and the rest drawn by rng, so that no
+// fixed set of rows can be right while the others are wrong.
+std::vector<int64_t> sample_rows(int64_t n, std::mt19937_64& rng) {
+  std::set<int64_t> r;
+  for (int64_t x : {int64_t(0), int64_t(1), n - 2, n - 1})
+    if (x >= 0 && x < n) r.insert(x);
+  while (int64_t(r.size()) < std::min(n, kSampled)) r.insert(int64_t(rng() % uint64_t(n)));
+  return {r.begin(), r.end()};
 }
 
 // Whether query row i of head (b, h) sees any key (else its LSE is -inf by the contract).
@@ -160,18 +185,31 @@ Reference reference_for(const Problem& p, const Inputs& in, CheckMode mode) {
   }
   const double cost = p.backward ? 3.5 * p.fwd_flops() : p.fwd_flops();
   r.sampled = mode == CheckMode::sampled || (mode == CheckMode::automatic && cost > 4e9);
-  Problem c = p;  // the problem the reference computes: every row, or just the sampled ones
   if (r.sampled) {
-    r.rows = sample_rows(p);
-    c.seq_q = int64_t(r.rows.size());
-    r.mode =
-        "sampled: " + std::to_string(r.rows.size()) + " query rows per head (dK, dV not checked)";
+    r.draw = next_draw();
+    std::mt19937_64 rng(r.draw);
+    r.rows = sample_rows(p.seq_q, rng);
+    if (p.backward) r.keys = sample_rows(p.seq_k, rng);
+    r.mode = "sampled (draw " + std::to_string(r.draw) +
+             "; --check sampled:" + std::to_string(r.draw) +
+             " repeats it): " + std::to_string(r.rows.size()) + " query rows per head (O, LSE" +
+             (p.backward ? ", dQ" : "") + ")" +
+             (p.backward ? ", " + std::to_string(r.keys.size()) + " key rows per K/V head (dK, dV)"
+                         : "") +
+             ", every element finite" + (p.backward ? ", the gradient sums" : "");
   } else {
     r.mode = "full";
   }
-  r.ref = r.sampled_outputs(p, c.seq_q), r.plain = r.sampled_outputs(p, c.seq_q);
+  r.ref = r.sampled_outputs(p), r.plain = r.sampled_outputs(p);
   const std::vector<int64_t>* rows = r.sampled ? &r.rows : nullptr;
   reference::attention(p, in, r.ref, rows);
+  if (r.sampled && p.backward) {  // dK, dV on the sampled keys: the oracle's forward, then columns
+    Problem f = p;
+    f.backward = false;
+    Outputs all = Outputs::poisoned(f);
+    reference::key_columns(p, in, r.keys, all, r.ref);
+    reference::plain_key_columns(p, in, p.dtype, r.keys, all, r.plain);
+  }
   // The oracle is float64 arithmetic: inputs so large that it overflows (|S| past 1e308)
   // cannot be checked, and are refused rather than compared with a NaN.
   const auto oracle_bad = [](const Tensor& t, bool lse) {
@@ -197,15 +235,75 @@ Reference reference_for(const Problem& p, const Inputs& in, CheckMode mode) {
   return r;
 }
 
-Outputs Reference::sampled_outputs(const Problem& p, int64_t seq_q) const {
-  // Sampled: the rows are written compactly ([B, H, R, ...]); there are no dK, dV.
+Outputs Reference::sampled_outputs(const Problem& p) const {
+  if (!sampled) return Outputs::poisoned(p);
+  // Sampled: the rows and keys are written compactly ([B, H, R, ...], [B, Hkv, Rk, d]).
   Problem q = p;
-  q.seq_q = seq_q;
-  q.backward = p.backward && !sampled;
+  q.seq_q = int64_t(rows.size());
+  q.backward = false;
   Outputs o = Outputs::poisoned(q);
-  if (p.backward && sampled) o.dq = Tensor::poisoned({p.batch, p.heads, seq_q, p.dim});
+  if (p.backward) {
+    const int64_t R = int64_t(rows.size()), Rk = int64_t(keys.size());
+    o.dq = Tensor::poisoned({p.batch, p.heads, R, p.dim});
+    o.dk = Tensor::poisoned({p.batch, p.heads_kv, Rk, p.dim});
+    o.dv = Tensor::poisoned({p.batch, p.heads_kv, Rk, p.dim});
+  }
   return o;
 }
+
+namespace {
+// Rows `at` of every [B, H', n, row_len] slab of `from`, laid out compactly as `to` is.
+void gather(const Tensor& from, Tensor& to, const std::vector<int64_t>& at, int64_t row_len) {
+  if (to.empty()) return;
+  const int64_t R = int64_t(at.size()), slabs = to.numel() / (R * row_len),
+                n = from.numel() / (slabs * row_len);
+  for (int64_t sl = 0; sl < slabs; ++sl)
+    for (int64_t k = 0; k < R; ++k)
+      std::copy_n(&from.data[size_t((sl * n + at[size_t(k)]) * row_len)], size_t(row_len),
+                  &to.data[size_t((sl * R + k) * row_len)]);
+}
+
+// The gradient sums, which need no oracle and see every element: summed over keys, dK is 0
+// (each row of dS sums to 0, dropout or not), and without dropout dV is the sum of dO over the
+// query rows that see a key (each row of P sums to 1), per (batch, K/V head) and column. A
+// correct result is off by at most the sum of its elements' errors: seq_k times the per-element
+// tolerance of the sampled keys' check.
+void check_gradient_sums(const Problem& p, const Inputs& in, const Outputs& got, CheckReport& rep) {
+  const int64_t N = p.seq_k, d = p.dim;
+  auto tol_of = [&](const char* name) {
+    for (const TensorCheck& t : rep.tensors)
+      if (t.name == name) return t.tol;
+    return 0.0;
+  };
+  auto check = [&](const char* name, const Tensor& g, bool dv) {
+    TensorCheck t;
+    t.name = name;
+    t.shape = {p.batch, p.heads_kv, d};
+    t.tol = double(N) * tol_of(dv ? "dV" : "dK");
+    std::vector<double> got_sum(size_t(p.batch * p.heads_kv * d), 0.0), want = got_sum;
+    for (int64_t bk = 0; bk < p.batch * p.heads_kv; ++bk)
+      for (int64_t j = 0; j < N; ++j)
+        for (int64_t c = 0; c < d; ++c)
+          got_sum[size_t(bk * d + c)] += g.data[size_t((bk * N + j) * d + c)];
+    if (dv)
+      for (int64_t b = 0; b < p.batch; ++b)
+        for (int64_t h = 0; h < p.heads; ++h)
+          for (int64_t i = 0; i < p.seq_q; ++i) {
+            if (!row_sees_a_key(p, in, b, h, i)) continue;
+            const size_t at = size_t((b * p.heads_kv + h / p.group()) * d);
+            for (int64_t c = 0; c < d; ++c)
+              want[at + size_t(c)] +=
+                  in.dout.data[size_t(((b * p.heads + h) * p.seq_q + i) * d + c)];
+          }
+    t.step = compare(got_sum, want);
+    t.pass = t.step.bad == 0 && t.step.max_abs <= t.tol;
+    rep.pass = rep.pass && t.pass;
+    rep.tensors.push_back(t);
+  };
+  check("sum_j(dK)", got.dk, false);                     // = 0
+  if (p.dropout == 0) check("sum_j(dV)", got.dv, true);  // = sum_i(dO)
+}
+}  // namespace
 
 CheckReport judge(const Problem& p, const Inputs& in, const Outputs& got, const Reference& r) {
   CheckReport rep;
@@ -213,20 +311,13 @@ CheckReport judge(const Problem& p, const Inputs& in, const Outputs& got, const 
   if (!r.checked) return rep;
   Outputs gathered;
   const Outputs& step = r.sampled ? gathered : got;
-  if (r.sampled) {  // the step's sampled rows, laid out as the reference's
-    const int64_t R = int64_t(r.rows.size());
-    gathered = r.sampled_outputs(p, R);
-    auto gather = [&](const Tensor& from, Tensor& to, int64_t row_len) {
-      if (to.empty()) return;
-      for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
-        for (int64_t k = 0; k < R; ++k)
-          for (int64_t e = 0; e < row_len; ++e)
-            to.data[size_t((bh * R + k) * row_len + e)] =
-                from.data[size_t((bh * p.seq_q + r.rows[size_t(k)]) * row_len + e)];
-    };
-    gather(got.o, gathered.o, p.dim);
-    gather(got.lse, gathered.lse, 1);
-    gather(got.dq, gathered.dq, p.dim);
+  if (r.sampled) {  // the step's sampled rows and keys, laid out as the reference's
+    gathered = r.sampled_outputs(p);
+    gather(got.o, gathered.o, r.rows, p.dim);
+    gather(got.lse, gathered.lse, r.rows, 1);
+    gather(got.dq, gathered.dq, r.rows, p.dim);
+    gather(got.dk, gathered.dk, r.keys, p.dim);
+    gather(got.dv, gathered.dv, r.keys, p.dim);
   }
 
   // The floor: one unit roundoff of the output's scale (its largest reference value), which a
@@ -236,8 +327,9 @@ CheckReport judge(const Problem& p, const Inputs& in, const Outputs& got, const 
   // exactly 0 and a correct kernel, summing dP and D in another order, to d accumulation
   // roundoffs of the terms, so those are allowed too (at fp32's roundoff, not the dtype's).
   const double u = unit_roundoff(p.dtype), u_acc = unit_roundoff(accumulation_type(p.dtype));
+  // at: the rows (or keys) a sampled tensor holds; empty for a full one.
   auto check = [&](const char* name, const Tensor& g, const Tensor& ref, const Tensor& b,
-                   double factor, double unit, double extra) {
+                   double factor, double unit, double extra, const std::vector<int64_t>& at) {
     if (ref.empty()) return;
     TensorCheck t;
     t.name = name;
@@ -248,26 +340,49 @@ CheckReport judge(const Problem& p, const Inputs& in, const Outputs& got, const 
     t.floor = unit * t.step.ref_max + extra;
     t.tol = factor * t.plain.max_abs + t.floor;
     t.pass = t.step.bad == 0 && t.step.max_abs <= t.tol;
+    t.sampled = at;
     rep.pass = rep.pass && t.pass;
     rep.tensors.push_back(t);
   };
   const Outputs &ref = r.ref, &plain = r.plain;
-  check("O", step.o, ref.o, plain.o, 2.0, u, 0.0);
-  check("LSE", step.lse, ref.lse, plain.lse, 2.0, u_acc, 0.0);
+  check("O", step.o, ref.o, plain.o, 2.0, u, 0.0, r.rows);
+  check("LSE", step.lse, ref.lse, plain.lse, 2.0, u_acc, 0.0, r.rows);
   if (p.backward) {
-    check("dQ", step.dq, ref.dq, plain.dq, 3.0, u, r.cancel);
-    if (!r.sampled) {
-      check("dK", step.dk, ref.dk, plain.dk, 3.0, u, r.cancel);
-      check("dV", step.dv, ref.dv, plain.dv, 3.0, u, 0.0);
-    }
+    check("dQ", step.dq, ref.dq, plain.dq, 3.0, u, r.cancel, r.rows);
+    check("dK", step.dk, ref.dk, plain.dk, 3.0, u, r.cancel, r.keys);
+    check("dV", step.dv, ref.dv, plain.dv, 3.0, u, 0.0, r.keys);
   }
-  if (r.sampled) scan_unsampled(p, in, got, rep);
+  if (r.sampled) {
+    scan_unsampled(p, in, got, rep);
+    if (p.backward) check_gradient_sums(p, in, got, rep);
+  }
   return rep;
 }
 
 CheckReport verify(const Problem& p, const Inputs& in, const Outputs& got, CheckMode mode) {
   return judge(p, in, got, reference_for(p, in, mode));
 }
+
+std::string TensorCheck::at(int64_t flat) const {
+  if (sampled.empty() || shape.size() < 3) return index_str(shape, flat);
+  std::vector<int64_t> full = shape;
+  full[2] = sampled.back() + 1;  // a shape with room for the real index
+  int64_t inner = 1;
+  for (size_t k = 3; k < shape.size(); ++k) inner *= shape[k];
+  const int64_t outer = flat / (inner * shape[2]), k = flat / inner % shape[2];
+  return index_str(full, (outer * full[2] + sampled[size_t(k)]) * inner + flat % inner);
+}
+
+namespace {
+// "plain E, " where the tensor was compared with the yardstick too (an invariant is not).
+std::string plain_part(const TensorCheck& t) {
+  if (t.plain.where < 0) return "";
+  std::ostringstream s;
+  s.precision(3);
+  s << "plain " << std::scientific << t.plain.max_abs << ", ";
+  return s.str();
+}
+}  // namespace
 
 std::string CheckReport::summary() const {
   std::ostringstream s;
@@ -276,13 +391,13 @@ std::string CheckReport::summary() const {
     s << "  " << t.name << ": ";
     if (t.step.bad > 0 && t.step.where < 0)  // no finite element measured
       s << t.step.bad << " non-finite or wrong-infinity elements (first at "
-        << index_str(t.shape, t.step.first_bad) << "), no finite one measured";
+        << t.at(t.step.first_bad) << "), no finite one measured";
     else
-      s << "max abs err " << std::scientific << t.step.max_abs << " (plain " << t.plain.max_abs
-        << ", tol " << t.tol << ")";
+      s << "max abs err " << std::scientific << t.step.max_abs << " (" << plain_part(t) << "tol "
+        << t.tol << ")";
     if (t.step.bad > 0 && t.step.where >= 0)
       s << ", " << t.step.bad << " non-finite or wrong-infinity elements (first at "
-        << index_str(t.shape, t.step.first_bad) << ")";
+        << t.at(t.step.first_bad) << ")";
     s << (t.pass ? "  ok" : "  FAIL") << "\n";
   }
   return s.str();
@@ -296,10 +411,10 @@ std::string CheckReport::first_failure() const {
       s << t.name << " ";
       if (t.step.bad)
         s << "has " << t.step.bad << " non-finite/wrong-infinity elements (first at "
-          << index_str(t.shape, t.step.first_bad) << ")";
+          << t.at(t.step.first_bad) << ")";
       else
         s << "error " << std::scientific << t.step.max_abs << " > tol " << t.tol << " at "
-          << index_str(t.shape, t.step.where);
+          << t.at(t.step.where);
       return s.str();
     }
   return "";

@@ -33,6 +33,9 @@ struct TensorCheck {
   ErrorStats plain;  // the plain same-precision computation vs float64
   double factor = 2, floor = 0, tol = 0;
   bool pass = false;
+  // A sampled check's tensors are compact: axis 2 holds these rows (or keys), in this order.
+  std::vector<int64_t> sampled;
+  std::string at(int64_t flat) const;  // "[b, h, i, c]" in the full tensor's coordinates
 };
 
 struct CheckReport {
@@ -44,10 +47,19 @@ struct CheckReport {
 };
 
 enum class CheckMode { automatic, full, sampled, none };
+// auto, full, sampled, none; or sampled:SEED, which fixes the draw of the sampled rows for the
+// rest of the process (a report prints its draw, so a failure can be repeated).
 bool parse_check_mode(const std::string& s, CheckMode& out);
 
+// Query rows per head (and key rows per K/V head) that a sampled check compares.
+inline constexpr int64_t kSampled = 16;
+
 // Checks `got` (a run of problem p in p.dtype) against the oracle. automatic: full when the
-// oracle's cost is small (< 4 GFLOP), else sampled query rows (O, LSE, dQ only).
+// oracle's cost is small (< 4 GFLOP), else sampled: kSampled query rows per head (O, LSE, dQ)
+// and, with the backward, kSampled key rows per K/V head (dK, dV, from one forward pass of the
+// oracle over every row), drawn afresh; every element scanned for NaN and Inf; and the
+// gradient sums that need no oracle (sum_j dK_j = 0; sum_j dV_j = sum_i dO_i over the rows
+// that see a key, without dropout).
 CheckReport verify(const Problem& p, const Inputs& in, const Outputs& got,
                    CheckMode mode = CheckMode::automatic);
 
@@ -56,10 +68,12 @@ CheckReport verify(const Problem& p, const Inputs& in, const Outputs& got,
 struct Reference {
   bool checked = false, sampled = false;
   std::string mode;
+  uint64_t draw = 0;          // the seed of the sampled rows (--check sampled:DRAW repeats them)
   std::vector<int64_t> rows;  // sampled query rows
-  Outputs ref, plain;         // the oracle's and the yardstick's outputs (sampled rows only)
-  double cancel = 0;          // the cancellation term of dQ and dK's floor
-  Outputs sampled_outputs(const Problem& p, int64_t seq_q) const;  // NaN, laid out as ref
+  std::vector<int64_t> keys;  // sampled key rows (with the backward)
+  Outputs ref, plain;  // the oracle's and the yardstick's outputs (sampled: those rows and keys)
+  double cancel = 0;   // the cancellation term of dQ and dK's floor
+  Outputs sampled_outputs(const Problem& p) const;  // NaN, laid out as ref
 };
 Reference reference_for(const Problem& p, const Inputs& in, CheckMode mode);
 CheckReport judge(const Problem& p, const Inputs& in, const Outputs& got, const Reference& r);

@@ -81,7 +81,7 @@ void check_mask_header(const Problem& p) {
 
 // How many query rows per head a sampled check computes (check.cpp picks them).
 int64_t sampled_rows(const Problem& p) {
-  return std::min<int64_t>(p.seq_q, 12);
+  return std::min<int64_t>(p.seq_q, kSampled);
 }
 
 }  // namespace
@@ -110,7 +110,7 @@ CheckMode check_options(const CommonOptions& o, const Problem& p) {
     throw BadInput("--check must be auto, full, sampled or none");
   InputKind kind;
   if (!parse_input_kind(o.inputs, kind))
-    throw BadInput("--inputs must be normal or large, got '" + o.inputs + "'");
+    throw BadInput("--inputs must be normal, large or late, got '" + o.inputs + "'");
   const std::string bad = p.validate();
   if (!bad.empty()) throw BadInput(o.load.empty() ? bad : "--load " + o.load + ": " + bad);
   if (o.save_f64 && o.save.empty())
@@ -220,6 +220,9 @@ CheckBytes check_host_bytes(const Problem& p, CheckMode mode, bool inputs_exist)
     // yardstick's float dK, dV accumulators.
     bytes += (full ? 2 : 3) * 8 * (r * (q + rows) + (p.backward ? r * q + (full ? 2 * kv : 0) : 0));
     if (p.backward && full) bytes += 8 * kv;
+    // A sampled backward's column pass: the oracle's O and LSE of every row (its scratch is the
+    // full forward's, one thread, below).
+    if (p.backward && !full) bytes += 8 * (q + rows);
     // Scratch per thread (reference/oracle.cpp, plain.cpp). The oracle, on one thread for a
     // full check and one per (batch, K/V head) group for a sampled one: a block of up to 256
     // query rows of S, its scaled copy, P and P with dropout applied (Z too with dropout; dP,
@@ -234,6 +237,8 @@ CheckBytes check_host_bytes(const Problem& p, CheckMode mode, bool inputs_exist)
                           2 * n;
     const double plain = 8 * 2 * n + 2 * n + (p.backward ? 2 * 8 * n * d : 0);
     check_scratch = (full ? 1 : threads) * oracle + threads * plain;
+    if (p.backward && !full)  // the column pass's forward: blocks of 256 rows on one thread
+      check_scratch = std::max(check_scratch, 8 * (256 * n * 4 + 2 * n * d) + threads * plain);
   }
   return {bytes, check_scratch};
 }
@@ -307,6 +312,17 @@ CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const 
   out.poison(p);
   c.result = s.run(p, in, out, run.options);
   c.check = verify(p, in, out, mode);
+  return c;
+}
+
+CheckedRun run_judged(const Step& s, const Problem& p, const Inputs& in, const Prepared& run,
+                      const Reference& ref) {
+  if (!run.device_checked)
+    throw std::logic_error("run_judged: " + s.name + "'s run was not prepared for the device");
+  CheckedRun c;
+  c.out.poison(p);
+  c.result = s.run(p, in, c.out, run.options);
+  c.check = judge(p, in, c.out, ref);
   return c;
 }
 

@@ -106,6 +106,11 @@ const std::vector<std::string>& output_names();
 CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const Prepared& run,
                        CheckMode mode);
 
+// The same judged against a reference computed once (reference_for), for several runs of one
+// problem and inputs (the harness's variants of a case).
+CheckedRun run_judged(const Step& s, const Problem& p, const Inputs& in, const Prepared& run,
+                      const Reference& ref);
+
 // The same on caller-owned outputs, for a sweep (ladder bench): `out` is re-poisoned in place
 // (Outputs::poison), so points of one size do not allocate (and page in) fresh output tensors
 // each time. The outputs are left in `out`; the result's out stays empty.

@@ -36,6 +36,11 @@ Case about(Case c, std::string what) {
   c.exercises = std::move(what);
   return c;
 }
+Case at_scale(Case c, bool forward_only = false) {
+  c.at_scale = true;
+  c.forward_only = forward_only;
+  return c;
+}
 Case rows(Case c, std::vector<std::string> mask) {
   c.p.sparsity.kind = BlockSparsity::Kind::file;
   c.p.sparsity.file = "(the case's own mask)";
@@ -125,6 +130,25 @@ const std::vector<Case>& shared_cases() {
                         "random:0.6"),
                  0.2),
             "block mask, dropout, GQA and causal at once"),
+      // At scale (GPU rungs only): the lengths models run at. A bias that grows with the number
+      // of key tiles (an online-softmax rescale that is not exactly 1 when the max holds) is
+      // invisible at 1k keys and fails here.
+      about(at_scale(mk("decode_q1_k32768_gqa8to2_dim128", 1, 8, 2, 1, 32768, 128, false)),
+            "decode: one query over 32768 keys, GQA 8 -> 2 (the running max fixed for 250+ tiles)"),
+      about(at_scale(mk("decode_q16_k32767_causal_mqa4to1", 1, 4, 1, 16, 32767, 64, true)),
+            "16 new tokens over a 32767-key cache, causal bottom-right, MQA"),
+      about(at_scale(mk("prefill_q1025_k32768_dim64", 1, 2, 2, 1025, 32768, 64, false)),
+            "1025 queries (one past a tile multiple) over 32768 keys"),
+      about(at_scale(mk("prefill_q4097_causal_dim128", 1, 2, 1, 4097, 4097, 128, true)),
+            "4097 x 4097 causal, one past a tile multiple, GQA 2 -> 1"),
+      about(at_scale(mk("prefill_q16384_dim128", 1, 1, 1, 16384, 16384, 128, false), true),
+            "16384 x 16384 at head dim 128: where a drifting LSE was first seen"),
+      about(at_scale(mk("prefill_q32768_causal_dim64", 1, 1, 1, 32768, 32768, 64, true), true),
+            "32768 x 32768 causal"),
+      about(at_scale(mk("late_max_q1023_k16384_dim128", 1, 2, 2, 1023, 16384, 128, false, K::late)),
+            "logits in the tens whose row max arrives late: the max grows tile after tile"),
+      about(at_scale(mk("q1025_k4097_causal_dim256", 1, 1, 1, 1025, 4097, 256, true)),
+            "head dim 256 at 4097 keys"),
   };
   return cases;
 }

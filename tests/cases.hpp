@@ -21,6 +21,12 @@ struct Case {
   std::vector<std::string> mask_rows = {};
   // What the case exercises, in one line (a failing run names it: "seq_k = 1: ...").
   std::string exercises = {};
+  // A case at the sizes people run (tens of thousands of keys): GPU rungs only, checked in
+  // --check auto (sampled where the oracle's full pass would take minutes).
+  bool at_scale = false;
+  // Forward only even where the step has a backward: a sampled backward check costs one
+  // forward pass of the float64 oracle over every row (minutes at 16k x 16k).
+  bool forward_only = false;
 };
 
 // The inputs of a case: generated from its problem, with its explicit mask if it has one.

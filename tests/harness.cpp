@@ -1,7 +1,7 @@
 // The one Catch2 harness: runs every shared case a step supports, in every dtype and
 // checked variant it has, against the float64 oracle with the contract's rule
 // (docs/CONTRACT.md, "The harness"), and names each case it does not run and why.
-//   harness --step NN [catch2 options]
+//   harness --step NN [--at-scale-only] [catch2 options]
 // Exit 77 (ctest: skipped) when the step needs a CUDA device and none is present.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
@@ -22,6 +22,7 @@
 
 namespace {
 const ladder::Step* g_step = nullptr;
+bool g_at_scale_only = false;  // --at-scale-only: the cases at scale alone (fault.rescale.NN)
 constexpr int kSkipped = 77;
 
 // One run of a shared case: the case in one dtype and one checked variant, resolved against the
@@ -40,15 +41,53 @@ struct Plan {
   std::vector<std::string> not_run;
 };
 
+// A case at scale is checked in auto mode (sampled where the full oracle would take minutes);
+// every other case in full.
+ladder::CheckMode check_mode(const ladder::Case& c) {
+  return c.at_scale ? ladder::CheckMode::automatic : ladder::CheckMode::full;
+}
+
+// The inputs and the oracle's reference of one case in one dtype, computed once for all the
+// variants that run it (jobs come case by case, dtype by dtype).
+struct CaseReference {
+  std::string key;
+  ladder::Inputs in;
+  ladder::Reference ref;
+};
+const CaseReference& reference_of(const Job& j) {
+  using namespace ladder;
+  static CaseReference cached;
+  const std::string key = j.c->name + " " + dtype_name(j.p.dtype) + (j.p.backward ? " bwd" : "");
+  if (cached.key != key) {
+    cached = CaseReference{};  // free the last case's tensors first
+    cached.in = case_inputs(*j.c, j.p);
+    check_input_range(j.p, cached.in);
+    cached.ref = reference_for(j.p, cached.in, check_mode(*j.c));
+    cached.key = key;
+  }
+  return cached;
+}
+
+// Runs the harness ran in this process: a filter that matches nothing must not pass.
+int g_runs = 0;
+
 const Plan& plan_of(const ladder::Step& s) {
   using namespace ladder;
   static const Plan plan = [&s] {
     Plan pl;
     for (const Case& c : shared_cases())
       for (DType t : s.caps.dtypes) {
+        if (g_at_scale_only && !c.at_scale) continue;
+        if (c.at_scale && s.device != Device::cuda) {
+          if (t == s.caps.dtypes.front())
+            pl.not_run.push_back(c.name +
+                                 ": a case at scale, for the GPU rungs (on the CPU it "
+                                 "would take minutes)");
+          continue;
+        }
         Problem p = c.p;
         p.dtype = t;
-        p.backward = s.backward_supports(p.dim);  // else the case runs forward only
+        p.backward = s.backward_supports(p.dim) && !c.forward_only;  // else forward only
         const std::string name = c.name + " " + dtype_name(t);
         const std::string label = name + (p.backward ? " fwd+bwd" : " fwd");
         std::vector<std::string> why;  // per checked variant: why not, or empty
@@ -57,8 +96,8 @@ const Plan& plan_of(const ladder::Step& s) {
           RunOptions ro;
           ro.variant = v.name, ro.repeats = 1, ro.warmup = 0;
           try {
-            pl.jobs.push_back({label + " [" + v.name + "]", p, &c,
-                               prepare_host(s, p, ro, CheckMode::full, false)});
+            pl.jobs.push_back(
+                {label + " [" + v.name + "]", p, &c, prepare_host(s, p, ro, check_mode(c), false)});
             why.push_back("");
           } catch (const BadInput& e) {
             why.push_back(e.what());
@@ -113,13 +152,14 @@ TEST_CASE("shared cases against the float64 oracle", "[harness]") {
   static int passed = 0, wrong = 0, blank = 0;
   for (const Job& j : jobs) {
     DYNAMIC_SECTION(j.label) {
-      const Inputs in = case_inputs(*j.c, j.p);
+      ++g_runs;
       const std::string& run = j.label;
       std::string todo, error;
       CheckedRun r;
       try {
-        check_input_range(j.p, in);
-        r = run_checked(s, j.p, in, prepare_device(s, j.p, j.host), CheckMode::full);
+        const CaseReference& c = reference_of(j);
+        r = run_judged(s, j.p, c.in, prepare_device(s, j.p, j.host), c.ref);
+        if (j.c->at_scale) std::cout << "    check: " << r.check.mode << "\n";
       } catch (const NotImplemented& e) {
         todo = e.what();
       } catch (const std::exception& e) {
@@ -237,6 +277,7 @@ TEST_CASE("an all-ones block mask equals the dense run bit for bit", "[harness]"
         CHECK(n == 0);
         if (n != 0) differ += std::string(differ.empty() ? "" : ", ") + name;
       }
+      ++g_runs;
       std::cout << (differ.empty() ? "  pass bitwise: " : "  FAIL bitwise: ") << label << " "
                 << ones.describe() << (differ.empty() ? " == dense" : " != dense in " + differ)
                 << (p.backward && !dq_deterministic ? " (dQ not compared: two dense runs differ)"
@@ -251,13 +292,15 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--step") == 0 && i + 1 < argc) {
       number = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--at-scale-only") == 0) {
+      g_at_scale_only = true;
     } else {
       rest.push_back(argv[i]);
     }
   }
   g_step = ladder::find_step(number);
   if (!g_step) {
-    std::cerr << "usage: harness --step NN [catch2 options]; step " << number
+    std::cerr << "usage: harness --step NN [--at-scale-only] [catch2 options]; step " << number
               << " is not built here\n";
     return 2;
   }
@@ -268,5 +311,16 @@ int main(int argc, char** argv) {
       return kSkipped;
     }
   }
-  return Catch::Session().run(int(rest.size()), rest.data());
+  const int rc = Catch::Session().run(int(rest.size()), rest.data());
+  // Catch2 passes a run in which no section ran (a filter that matched no case, a step that
+  // supports none): nothing was checked, which is a failure, not a pass.
+  const bool listing = std::any_of(rest.begin() + 1, rest.end(), [](const char* a) {
+    return std::strncmp(a, "--list", 6) == 0 || std::strcmp(a, "-l") == 0 ||
+           std::strcmp(a, "-h") == 0 || std::strcmp(a, "--help") == 0;
+  });
+  if (rc == 0 && g_runs == 0 && !listing) {
+    std::cout << "FAILED: 0 runs of shared cases matched: nothing was checked\n";
+    return 1;
+  }
+  return rc;
 }

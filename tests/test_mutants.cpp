@@ -13,11 +13,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <iomanip>
 #include <iostream>
 #include <map>
 #include <optional>
+#include <tuple>
 #include <sstream>
 
 #include "cases.hpp"
@@ -215,42 +217,56 @@ const DType kDtypes[] = {DType::f32, DType::f16, DType::bf16};
 
 }  // namespace
 
-TEST_CASE("the harness rejects every mutant in every dtype and passes the oracle", "[mutants]") {
+TEST_CASE("the harness rejects every mutant in every dtype and check mode, and passes the oracle",
+          "[mutants]") {
   const std::vector<Mutant>& ms = mutants();
-  // caught[mutant][dtype], applicable likewise; correct-result failures named.
-  std::map<std::pair<size_t, int>, int> caught, tried;
+  const CheckMode kModes[] = {CheckMode::full, CheckMode::sampled};
+  const char* kModeNames[] = {"full", "sampled"};
+  // caught[mutant][dtype][mode], applicable likewise; correct-result failures named.
+  std::map<std::tuple<size_t, int, int>, int> caught, tried;
   std::vector<std::string> correct_failed;
-  for (const Case& c : shared_cases())
+  size_t cases = 0;
+  for (const Case& c : shared_cases()) {
+    if (c.at_scale) continue;  // the GPU harness's; the oracle's full pass would take minutes
+    ++cases;
     for (int ti = 0; ti < 3; ++ti) {
       const Problem p = case_problem(c, kDtypes[ti]);
       const Inputs in = case_inputs(c, p);
       Outputs right = oracle(p, in);
       store_as(p.dtype, right);
-      const Reference r = reference_for(p, in, CheckMode::full);
-      const CheckReport ok = judge(p, in, right, r);
-      if (!ok.pass)
-        correct_failed.push_back(c.name + " " + dtype_name(p.dtype) + ": " + ok.first_failure());
-      for (size_t k = 0; k < ms.size(); ++k) {
-        std::optional<Outputs> bad = ms[k].make(p, in);
-        if (!bad) continue;
-        store_as(p.dtype, *bad);
-        ++tried[{k, ti}];
-        caught[{k, ti}] += !judge(p, in, *bad, r).pass;
+      std::vector<std::optional<Outputs>> bad;
+      for (const Mutant& m : ms) {
+        bad.push_back(m.make(p, in));
+        if (bad.back()) store_as(p.dtype, *bad.back());
+      }
+      for (int mi = 0; mi < 2; ++mi) {
+        const Reference r = reference_for(p, in, kModes[mi]);
+        const CheckReport ok = judge(p, in, right, r);
+        if (!ok.pass)
+          correct_failed.push_back(c.name + " " + dtype_name(p.dtype) + " " + kModeNames[mi] +
+                                   " (" + r.mode + "): " + ok.first_failure());
+        for (size_t k = 0; k < ms.size(); ++k) {
+          if (!bad[k]) continue;
+          ++tried[{k, ti, mi}];
+          caught[{k, ti, mi}] += !judge(p, in, *bad[k], r).pass;
+        }
       }
     }
+  }
 
   std::ostringstream table;
-  table << "mutant corpus: caught / cases where the defect can show (" << shared_cases().size()
-        << " shared cases, forward and backward)\n";
+  table << "mutant corpus: caught / cases where the defect can show (" << cases
+        << " shared cases, forward and backward; full check | sampled check, rows drawn afresh)\n";
   table << std::left << std::setw(50) << "| defect"
-        << "| fp32   | fp16   | bf16   |\n";
+        << "| fp32 full | fp16 full | bf16 full | fp32 smpl | fp16 smpl | bf16 smpl |\n";
   for (size_t k = 0; k < ms.size(); ++k) {
     table << "| " << std::left << std::setw(48) << ms[k].name;
-    for (int ti = 0; ti < 3; ++ti) {
-      std::ostringstream cell;
-      cell << caught[{k, ti}] << "/" << tried[{k, ti}];
-      table << "| " << std::setw(7) << cell.str();
-    }
+    for (int mi = 0; mi < 2; ++mi)
+      for (int ti = 0; ti < 3; ++ti) {
+        std::ostringstream cell;
+        cell << caught[{k, ti, mi}] << "/" << tried[{k, ti, mi}];
+        table << "| " << std::setw(10) << cell.str();
+      }
     table << "|\n";
   }
   std::cout << table.str();
@@ -258,19 +274,22 @@ TEST_CASE("the harness rejects every mutant in every dtype and passes the oracle
 
   for (const std::string& f : correct_failed) FAIL_CHECK("the oracle rounded once failed: " << f);
   CHECK(correct_failed.empty());
+  // Every cell of the table: each mutant shows in some case and is caught there, in every dtype
+  // and in both check modes.
   for (size_t k = 0; k < ms.size(); ++k)
-    for (int ti = 0; ti < 3; ++ti) {
-      INFO(ms[k].name << " in " << dtype_name(kDtypes[ti]));
-      CHECK(tried[{k, ti}] > 0);
-      CHECK(caught[{k, ti}] > 0);
-    }
+    for (int mi = 0; mi < 2; ++mi)
+      for (int ti = 0; ti < 3; ++ti) {
+        INFO(ms[k].name << " in " << dtype_name(kDtypes[ti]) << ", " << kModeNames[mi] << " check");
+        CHECK(tried[{k, ti, mi}] > 0);
+        CHECK(caught[{k, ti, mi}] > 0);
+      }
 }
 
 namespace {
 // Writes a case's inputs and outputs as .npy (float64, so nothing is rounded on the way) and
 // runs `ladder verify` on them; returns its exit status.
-int ladder_verify(const Case& c, const Problem& p, const Inputs& in, const Outputs& out,
-                  const testing::TempDir& tmp) {
+int ladder_verify(const std::string& name, const Problem& p, const Inputs& in, const Outputs& out,
+                  const testing::TempDir& tmp, const std::string& check = "full") {
   write_npy_files(tmp / "in",
                   {{"q.npy", &in.q}, {"k.npy", &in.k}, {"v.npy", &in.v}, {"do.npy", &in.dout}},
                   true);
@@ -283,11 +302,11 @@ int ladder_verify(const Case& c, const Problem& p, const Inputs& in, const Outpu
                   true);
   std::ostringstream cmd;
   cmd << "'" << LADDER_DRIVER << "' verify --load '" << (tmp / "in") << "' --outputs '"
-      << (tmp / "out") << "' --dtype " << dtype_name(p.dtype) << " --check full"
+      << (tmp / "out") << "' --dtype " << dtype_name(p.dtype) << " --check " << check
       << (p.causal ? " --causal" : "");
   if (p.scale != 0) cmd << " --scale " << std::setprecision(17) << p.scale;
   if (p.dropout > 0) cmd << " --dropout " << p.dropout << " --dropout-seed " << p.dropout_seed;
-  INFO(c.name << ": " << cmd.str());
+  INFO(name << ": " << cmd.str());
   const int w = std::system((cmd.str() + " >/dev/null 2>&1").c_str());
   REQUIRE((w != -1 && WIFEXITED(w)));
   return WEXITSTATUS(w);
@@ -310,15 +329,71 @@ TEST_CASE("ladder verify: the oracle passes, mutants fail, end to end through .n
       testing::TempDir tmp("ladder_verify");
       Outputs right = oracle(p, in);
       store_as(t, right);
-      CHECK(ladder_verify(*c, p, in, right, tmp) == 0);
+      CHECK(ladder_verify(c->name, p, in, right, tmp) == 0);
       for (const Mutant& m : mutants()) {
         std::optional<Outputs> bad = m.make(p, in);
         if (!bad) continue;
         store_as(t, *bad);
         if (judge(p, in, *bad, r).pass) continue;  // this case misses it
         INFO(m.name << " in " << dtype_name(t));
-        CHECK(ladder_verify(*c, p, in, *bad, tmp) == 1);
+        CHECK(ladder_verify(c->name, p, in, *bad, tmp) == 1);
       }
     }
   }
+}
+
+TEST_CASE("ladder verify at an ordinary size rejects garbage gradients and outputs in every mode",
+          "[mutants]") {
+  // 1 x 8 x 1050^2 x 64 with the backward: 8 GFLOP of oracle work, past the 4 GFLOP where a run's
+  // auto check samples. verify's auto check is full here (it fits in memory); --check sampled
+  // compares fresh query and key rows and the gradient sums. Each defect below passed the
+  // sampled check when it compared 12 fixed query rows and no dK, dV at all.
+  Problem p;
+  p.batch = 1, p.heads = p.heads_kv = 8, p.seq_q = p.seq_k = 1050, p.dim = 64;
+  p.dtype = DType::bf16, p.backward = true, p.seed = 77;
+  const Inputs in = make_inputs(p);
+  Outputs right = oracle(p, in);
+  store_as(p.dtype, right);
+  const int64_t row = p.dim, rows_per_head = p.seq_q;
+  auto all_rows_but_16 = [&](Tensor Outputs::*t, int64_t n) {  // wrong except on 16 rows a head
+    Outputs o = right;
+    Tensor& x = o.*t;
+    for (int64_t e = 0; e < x.numel(); ++e)
+      if ((e / row) % n % (n / 16) != 0)
+        x.data[size_t(e)] = round_to(p.dtype, x.data[size_t(e)] * 1.05);
+    return o;
+  };
+  Outputs zeroed = right, swapped = right;
+  std::fill(zeroed.dk.data.begin(), zeroed.dk.data.end(), 0.0);
+  std::fill(zeroed.dv.data.begin(), zeroed.dv.data.end(), 0.0);
+  std::swap(swapped.dk, swapped.dv);
+  const std::pair<const char*, Outputs> wrong[] = {
+      {"dK and dV zeroed", zeroed},
+      {"dK and dV swapped", swapped},
+      {"O 5 % off on every row but 16 per head", all_rows_but_16(&Outputs::o, rows_per_head)},
+      {"dK 5 % off on every key but 16 per head", all_rows_but_16(&Outputs::dk, p.seq_k)},
+  };
+  testing::TempDir tmp("ladder_verify_scale");
+  for (const char* check : {"auto", "sampled"}) {
+    INFO("--check " << check);
+    CHECK(ladder_verify("1x8x1050^2x64 correct", p, in, right, tmp, check) == 0);
+    for (const auto& [name, out] : wrong) {
+      INFO(name);
+      CHECK(ladder_verify(name, p, in, out, tmp, check) == 1);
+    }
+  }
+  // Gradients given as broken links are refused (exit 2), not graded as a forward pass.
+  Outputs fwd = right;
+  fwd.dq = fwd.dk = fwd.dv = Tensor();
+  std::filesystem::remove_all(tmp / "out");
+  write_npy_files(tmp / "out", {{"o.npy", &fwd.o}, {"lse.npy", &fwd.lse}}, true);
+  for (const char* n : {"dq.npy", "dk.npy", "dv.npy"})
+    std::filesystem::create_symlink(std::filesystem::path(tmp / "nowhere") / n,
+                                    std::filesystem::path(tmp / "out") / n);
+  std::ostringstream cmd;
+  cmd << "'" << LADDER_DRIVER << "' verify --load '" << (tmp / "in") << "' --outputs '"
+      << (tmp / "out") << "' --dtype bf16 >/dev/null 2>&1";
+  const int w = std::system(cmd.str().c_str());
+  REQUIRE((w != -1 && WIFEXITED(w)));
+  CHECK(WEXITSTATUS(w) == 2);
 }

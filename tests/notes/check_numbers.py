@@ -5,7 +5,7 @@ A quoted number is tagged by an HTML comment right after it (invisible on GitHub
 
     342 TFLOP/s<!-- num step=06 dtype=bf16 dim=64 causal=0 dir=fwd seq=4096 -->
     64.89<!-- num ceiling=fp32_ffma -->
-    238 ms<!-- num file=cpu-zen3.csv step=02 variant=tiled causal=0 field=ms -->
+    33.6 TFLOP/s<!-- num file=h200.csv step=05 dtype=fp32 dim=64 causal=0 dir=fwd seq=4096 -->
 
 The number is the last one before the comment (digits, with optional thousands commas and a
 decimal part; a sign, ×, % or unit may sit between). The tag names its source row:
@@ -26,7 +26,8 @@ decimal part; a sign, ×, % or unit may sit between). The tag names its source r
 With several matching rows the last in the file wins (the newest measurement, as figures.py).
 The quoted number must equal the source rounded to as many decimals as the quote shows.
 
-  check_numbers.py [ROOT]      report every tag whose number no longer matches; exit 1 if any
+  check_numbers.py [ROOT]      report every tag whose number no longer matches; exit 1 if any,
+                               or if no document holds a tag at all
   check_numbers.py [ROOT] --list   print every tag with its source value
 """
 import csv
@@ -43,8 +44,18 @@ NUMBER = re.compile(r"(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)(?=[^\d]{0,12}
 
 
 def documents():
-    docs = sorted((ROOT / "notes").glob("*.md")) + sorted((ROOT / "notes" / "results").glob("*.md"))
+    """Every Markdown file that quotes measurements: the notes, every results README and log
+    (notes/results and its folders), the package's note, the contract, the step READMEs and the
+    README."""
+    docs = sorted((ROOT / "notes").glob("*.md")) + sorted((ROOT / "notes" / "results").rglob("*.md"))
+    docs += [ROOT / "python" / "NOTE.md"] + sorted((ROOT / "docs").glob("*.md"))
+    docs += sorted((ROOT / "steps").glob("*/README.md"))
     return docs + [ROOT / "README.md"]
+
+
+# Results files that were copied from the notes rather than measured: a tag pointing at one
+# would check the notes against themselves.
+TRANSCRIBED = {"cpu-zen3.tsv"}
 
 
 _cache = {}
@@ -83,6 +94,9 @@ def source(keys):
         return float(found[-1][keys.get("field", "value")])
     keys = dict(keys)
     name = keys.pop("file", "h100.csv")
+    if name in TRANSCRIBED:
+        raise ValueError(f"{name} was transcribed from the notes, not measured: a tag must point "
+                         "at a measurement")
     field = keys.pop("field", "tflops")
     over = keys.pop("over", None)
     table = rows(name)
@@ -179,8 +193,11 @@ def main():
             bad += check(doc, listing)
     for b in bad:
         print(b)
-    print(f"notes.numbers: {count} tagged numbers, "
+    print(f"notes.numbers: {count} tagged numbers in {len(documents())} documents, "
           + (f"{len(bad)} no longer match their source" if bad else "every one matches its source"))
+    if count == 0:  # a pattern or a path that finds nothing must not pass as "all match"
+        print("notes.numbers: FAILED: no tagged number found: nothing was checked")
+        return 1
     return 1 if bad else 0
 
 
