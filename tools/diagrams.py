@@ -211,7 +211,56 @@ def causal_grid(m, n, br, bc):
     return grid, counts
 
 
+def causal_mask(root):
+    """Note 00: the bottom-right causal mask, key j visible to query i iff j <= i + N - M."""
+    shapes = [(5, 5, "square"), (3, 6, "a cache"), (6, 3, "M > N")]
+    grids = [causal_rows(m, n) for m, n, _ in shapes]
+    width = [max(len(r) for r in g) for g in grids]
+    rows = ["   ".join(f"{label}: M = {m}, N = {n}".ljust(w) for (m, n, label), w in
+                       zip(shapes, width)).rstrip(), ""]
+    for k in range(max(len(g) for g in grids)):
+        rows.append("   ".join((g[k] if k < len(g) else "").ljust(w)
+                               for g, w in zip(grids, width)).rstrip())
+    return rows + ["", "  x visible, . hidden; a row is a query i, a column a key j. The last query always",
+                   "  sees every key; when M > N the first M - N rows see none (O = 0, LSE = -inf)."]
+
+
+def causal_rows(m, n):
+    header = "      " + " ".join(f"{j}" for j in range(n))
+    rows = [header]
+    for i in range(m):
+        visible = min(n, max(0, i + n - m + 1))
+        cells = " ".join("x" if j < visible else "." for j in range(n))
+        rows.append(f"  i={i} {cells}  n={visible}")
+    return rows
+
+
+def three_passes(root):
+    """Note 01: one row of S, written once and read three times, each pass waiting on the last."""
+    s = [1.0, 3.0, 2.0, -1.0]
+    v = [1.0, 2.0, 3.0, 4.0]
+    m = max(s)
+    e = [math.exp(x - m) for x in s]
+    l = sum(e)
+    p = [x / l for x in e]
+    o = sum(pi * vi for pi, vi in zip(p, v))
+    fmt = lambda xs, f: "  ".join(f.format(x) for x in xs)
+    return ["one query row, N = 4 visible keys, d = 1 (V_j = j + 1):", "",
+            f"  scores  write the row:  S_ij = tau q_i . K_j  [ {fmt(s, '{:6.3f}')} ]",
+            f"  pass 1  read the row:   m = max_j S_ij        = {m:.3f}",
+            f"  pass 2  read the row:   e^(S_ij - m)          [ {fmt(e, '{:6.4f}')} ]",
+            f"                          l = sum of those      = {l:.4f}   (needs the final m)",
+            f"  pass 3  read the row:   P_ij = e^(S_ij - m)/l [ {fmt(p, '{:6.4f}')} ]",
+            f"                          O_i = sum P_ij V_j    = {o:.4f}   (needs the final l)",
+            f"                          LSE_i = m + log l     = {m + math.log(l):.4f}",
+            "",
+            "  Three reads of the row because each pass needs the previous pass's final value;",
+            "  step 02's online recurrence folds passes 1 and 2 (and then 3) into one."]
+
+
 DIAGRAMS = {
+    "causal-mask": causal_mask,
+    "three-passes": three_passes,
     "online-tiles": online_tiles,
     "naive-round-trips": naive_round_trips,
     "thread-per-row": thread_per_row,
