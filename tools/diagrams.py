@@ -34,7 +34,10 @@ class SourceError(Exception):
 
 def grep(root, path, pattern):
     """The groups of the first match of pattern in root/path (the constant a diagram needs)."""
-    text = (root / path).read_text()
+    try:
+        text = (root / path).read_text()
+    except OSError as e:
+        raise SourceError(f"{path}: cannot read it ({e.strerror}): the diagram's source moved")
     m = re.search(pattern, text)
     if not m:
         raise SourceError(f"{path}: no match for {pattern!r}: the diagram's constant moved")
