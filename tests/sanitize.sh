@@ -12,6 +12,9 @@
 # for every L/D word a stage reuses. Such a run passes only if every hazard is displayed
 # (--print-limit 0) and every one is exactly that: a WAR whose write is bulk_load's. Any other
 # hazard, or one it cannot classify, fails.
+# LADDER_SANITIZE_VARIANTS=all (the exercise grade sets it) adds every variant the step's --help
+# lists, each at the first shape: a learner's region may sit in a variant the default runs
+# without (step 05's 'row' kernel stages K and V in shared memory behind its own barriers).
 # Exit 77 (ctest: skipped, with the reason printed) when there is no sanitizer or device.
 set -u
 tool=$1
@@ -45,6 +48,11 @@ fi
 # which racecheck does see, ordered by wait_group and block barriers.
 if "$bin" --help | grep -q '^  wgmma: '; then
   shapes+=("--seq-q 300 --seq-k 420 --heads 2 --heads-kv 1 --dim 128 --causal --variant wgmma")
+fi
+if [ "${LADDER_SANITIZE_VARIANTS:-}" = all ]; then
+  while read -r v; do
+    shapes+=("${shapes[0]} --variant $v")
+  done < <("$bin" --help | sed -n '/^Variants (--variant):/,/^[^ ]/s/^  \([^ :(]*\)[ :(].*/\1/p')
 fi
 status=0
 for shape in "${shapes[@]}"; do

@@ -7,6 +7,11 @@
 #   build      configure and build build-gpu/ (warnings as errors), always first
 #   test       ctest -L gpu (the harness on every GPU rung, every shared case)
 #   sanitize   ctest -L sanitizer (compute-sanitizer: memcheck, racecheck, synccheck, initcheck)
+#   harness    the harness alone on every GPU rung, every per-run line -> $OUT/harness.log (for
+#              tools/harness_table.py: each rung's margin under the rule)
+#   faults     ctest -R '^fault\.' (the planted defects, fault.rescale.NN too) -> $OUT/faults.log
+#   drift      tools/lse_drift.sh: LSE error against seq, rungs 06 and 07 as built and with the
+#              rescale fault -> $OUT/lse-drift.csv
 #   selftest   rung 07's self-tests, forward and backward (tests/rung07; no timings)
 #   trace      step 07's per-warp timeline -> $OUT/<gpu>-trace-07.csv
 #   ceilings   the measured ceilings -> $OUT/ceilings.csv
@@ -79,6 +84,21 @@ for stage in $stages; do
       log "ctest -L sanitizer: $(grep -E 'tests passed|tests failed' "$OUT/ctest-sanitizer.log" || echo see log)"
       grep -E 'Failed|ERROR SUMMARY: [1-9]|hazards displayed \([1-9]' "$OUT/ctest-sanitizer.log" |
         head -10 | tee -a "$OUT/summary.log"
+      ;;
+    harness)
+      ctest --test-dir build-gpu -L gpu -R '^harness\.' -V -j 1 >"$OUT/harness.log" 2>&1 || status=1
+      log "harness: $(grep -E 'tests passed|tests failed' "$OUT/harness.log" || echo see log)"
+      grep -E '^[0-9]+: step .*: [0-9]+ pass|^[0-9]+:   FAIL ' "$OUT/harness.log" | head -20 |
+        tee -a "$OUT/summary.log"
+      ;;
+    faults)
+      ctest --test-dir build-gpu -R '^fault\.' -V -j 1 >"$OUT/faults.log" 2>&1 || status=1
+      log "faults: $(grep -E 'tests passed|tests failed' "$OUT/faults.log" || echo see log)"
+      grep -E 'the defect was caught|FAILED' "$OUT/faults.log" | tee -a "$OUT/summary.log"
+      ;;
+    drift)
+      tools/lse_drift.sh build-gpu "$OUT/lse-drift.csv" >"$OUT/lse-drift.log" 2>&1 || status=1
+      log "drift: $(grep -c , "$OUT/lse-drift.csv" 2>/dev/null || echo 0) rows"
       ;;
     selftest)
       build-gpu/tests/07_selftest >"$OUT/selftest-07.log" 2>&1 || status=1
