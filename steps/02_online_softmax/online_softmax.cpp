@@ -39,6 +39,20 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// The per-key recurrences below sum l one key at a time; every kSumBlock keys that block's sum
+// is folded into the blocks before (l_done, rescaled from the max they were summed under, by
+// exactly 1 when it held), as a tiled kernel sums l. One running fp32 sum over N keys loses
+// about N unit roundoffs, blocks about 32 + N / 32: what the harness's yardstick allows.
+constexpr int64_t kSumBlock = 32;
+struct BlockedSum {
+  float m_done = kNegInf, l_done = 0;
+  // Moves l (summed under max m) into the blocks before; l starts the next block at 0.
+  void fold(float m, float& l) {
+    l_done = (m_done == kNegInf ? 0.f : l_done * std::exp(m_done - m)) + l;
+    m_done = m, l = 0;
+  }
+};
+
 float dot(const float* a, const float* b, int64_t d) {
   float s = 0;
   for (int64_t c = 0; c < d; ++c) s += a[c] * b[c];
@@ -86,7 +100,9 @@ void two_pass(const Views& x, Outputs& out) {
       for (int64_t i = 0; i < p.seq_q; ++i) {
         const int64_t n = p.visible_keys(i);
         float m = kNegInf, l = 0;
+        BlockedSum sum;
         for (int64_t j = 0; j < n; ++j) {  // pass 1: running max and rescaled sum
+          if (j % kSumBlock == 0) sum.fold(m, l);
           if (!x.mask.visible(b, h, i, j)) continue;
           const float s = scale * dot(x.q(b, h, i), x.k(b, h, j), p.dim);
           // EXERCISE BEGIN online-max-sum [medium]
@@ -94,13 +110,16 @@ void two_pass(const Views& x, Outputs& out) {
           // corrected whenever the max grows.
           //
           // Before this key, m is the largest logit so far and l = sum of exp(logit - m) over
-          // them. Fold in the logit s so that both statements hold again. What happens to the
-          // terms already in l when m changes? The first key arrives with m = -inf, l = 0.
+          // them (over this block's keys: the loop folds l into the blocks before every
+          // kSumBlock keys). Fold in the logit s so that both statements hold again. What happens
+          // to the terms already in l when m changes? The first key arrives with m = -inf, l = 0.
           const float m_new = std::max(m, s);
           l = l * std::exp(m - m_new) + std::exp(s - m_new);
           m = m_new;
           // EXERCISE END
         }
+        sum.fold(m, l);
+        l = sum.l_done;
         std::fill(o.begin(), o.end(), 0.f);
         for (int64_t j = 0; j < n; ++j) {  // pass 2: P_ij = exp(S_ij - m) (divided by l at the end)
           if (!x.mask.visible(b, h, i, j) || !x.kept(b, h, i, j)) continue;
@@ -122,8 +141,10 @@ void one_pass(const Views& x, Outputs& out) {
       for (int64_t i = 0; i < p.seq_q; ++i) {
         const int64_t n = p.visible_keys(i);
         float m = kNegInf, l = 0;
+        BlockedSum sum;
         std::fill(o.begin(), o.end(), 0.f);
         for (int64_t j = 0; j < n; ++j) {
+          if (j % kSumBlock == 0) sum.fold(m, l);
           if (!x.mask.visible(b, h, i, j)) continue;
           const float s = scale * dot(x.q(b, h, i), x.k(b, h, j), p.dim);
           // A dropped key (Z = 0) still counts in l; its V row adds nothing to O.
@@ -133,8 +154,9 @@ void one_pass(const Views& x, Outputs& out) {
           // that stay exact as the max grows, in one pass over the keys.
           //
           // Invariant, over the keys folded so far: m is their largest logit, l = sum of
-          // exp(logit - m), o[0..d) = sum of exp(logit - m) * V. Fold in key j (logit s, value
-          // row vj) so that the invariant holds for one more key. The first key arrives with
+          // exp(logit - m) (over this block's keys: the loop folds l into the blocks before
+          // every kSumBlock keys), o[0..d) = sum of exp(logit - m) * V. Fold in key j (logit s,
+          // value row vj) so that the invariant holds for one more key. The first key arrives with
           // m = -inf, l = 0, o = 0 and must not make a NaN. No division here: finish_row divides
           // once, at the end.
           const float m_new = std::max(m, s);
@@ -145,7 +167,9 @@ void one_pass(const Views& x, Outputs& out) {
           m = m_new;
           // EXERCISE END
         }
-        finish_row(out, (b * p.heads + h) * p.seq_q + i, p.dim, o.data(), m, l, x.keep_scale());
+        sum.fold(m, l);
+        finish_row(out, (b * p.heads + h) * p.seq_q + i, p.dim, o.data(), m, sum.l_done,
+                   x.keep_scale());
       }
 }
 
