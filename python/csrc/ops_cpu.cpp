@@ -7,7 +7,7 @@
 // loaded, and a C++ autograd function costs a few microseconds per call where the Python one
 // of torch.library.register_autograd costs a hundred or more (its wrapper fills defaults and
 // builds a Function on every call), host time that a small model's training step pays a dozen
-// times.
+// times. The backward is once differentiable: a second derivative raises (AttentionBackward).
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -37,7 +37,8 @@ void check_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, do
                               "oracle) runs");
   ladder_torch::check_4d(q, k, v);
   TORCH_CHECK_VALUE(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
-                    "ladder: rung 0 needs q, k, v on the CPU");
+                    "ladder: rung 0 needs q, k, v on the CPU; got ", q.device(), ", ", k.device(),
+                    ", ", v.device());
   TORCH_CHECK_TYPE((q.scalar_type() == at::kDouble || q.scalar_type() == at::kFloat) &&
                        k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
                    "ladder: rung 0 takes float64 or float32 q, k, v of one dtype; got ",
@@ -171,17 +172,18 @@ Outs call_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, boo
   return op.call(q, k, v, causal, scale, rung, dropout_p, seed, mask, block_q, block_k);
 }
 
-Outs call_bwd(const at::Tensor& dout, const variable_list& saved, bool causal, double scale,
-              int64_t rung, double dropout_p, const OptTensor& seed, const OptTensor& mask,
-              int64_t block_q, int64_t block_k) {
+Outs call_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+              const at::Tensor& out, const at::Tensor& lse, const at::Tensor& lse_lo, bool causal,
+              double scale, int64_t rung, double dropout_p, const OptTensor& seed,
+              const OptTensor& mask, int64_t block_q, int64_t block_k) {
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("ladder::bwd", "")
           .typed<Outs(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                       const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, double,
                       int64_t, double, const OptTensor&, const OptTensor&, int64_t, int64_t)>();
-  return op.call(dout, saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], causal, scale,
-                 rung, dropout_p, seed, mask, block_q, block_k);
+  return op.call(dout, q, k, v, out, lse, lse_lo, causal, scale, rung, dropout_p, seed, mask,
+                 block_q, block_k);
 }
 
 // An optional tensor from a saved one (saved undefined where it was absent).
@@ -219,14 +221,60 @@ class Attention : public torch::autograd::Function<Attention> {
     // an output that no loss used arrives undefined: its gradient is zero
     const at::Tensor dout = grads[0].defined() ? grads[0] : at::zeros_like(saved[3]);
     const auto& d = ctx->saved_data;
-    auto [dq, dk, dv] =
-        call_bwd(dout, saved, d.at("causal").toBool(), d.at("scale").toDouble(),
-                 d.at("rung").toInt(), d.at("dropout_p").toDouble(), optional(saved[6]),
-                 optional(saved[7]), d.at("block_q").toInt(), d.at("block_k").toInt());
+    // through ladder::bwd's autograd kernel (bwd_autograd): under create_graph=True, dq, dk, dv
+    // then carry the node that refuses a second derivative
+    auto [dq, dk, dv] = call_bwd(
+        dout, saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], d.at("causal").toBool(),
+        d.at("scale").toDouble(), d.at("rung").toInt(), d.at("dropout_p").toDouble(),
+        optional(saved[6]), optional(saved[7]), d.at("block_q").toInt(), d.at("block_k").toInt());
     return {dq,           dk,           dv,           at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
+
+// What a second derivative raises: the rungs' backward kernels have no derivative of their own.
+constexpr const char* kNoDoubleBackward =
+    "ladder_torch: double backward is not supported: ladder_torch.attention's backward (the "
+    "ladder::bwd operator, the rung's own backward kernels) is once differentiable, so a second "
+    "derivative (torch.autograd.grad(..., create_graph=True) or .backward(create_graph=True), "
+    "then a gradient of those gradients, as torch.autograd.gradgradcheck or a gradient penalty "
+    "takes) cannot be computed. For second derivatives use "
+    "torch.nn.functional.scaled_dot_product_attention under "
+    "torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH)";
+
+// (dq, dk, dv) = ladder::bwd(dout, q, k, v, out, ...), once differentiable: its autograd kernel,
+// as torch.autograd.function.once_differentiable makes a Python one. Under create_graph=True the
+// gradients it returns carry this node, whose own backward raises kNoDoubleBackward, rather than
+// no history (which autograd would read as a second derivative of zero, with only a warning).
+// Its tensor arguments are its inputs (dout, q, k, v and out may carry gradients), so that a
+// second derivative with respect to any of them reaches it.
+class AttentionBackward : public torch::autograd::Function<AttentionBackward> {
+ public:
+  static variable_list forward(AutogradContext*, const at::Tensor& dout, const at::Tensor& q,
+                               const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                               const at::Tensor& lse, const at::Tensor& lse_lo, bool causal,
+                               double scale, int64_t rung, double dropout_p, const OptTensor& seed,
+                               const OptTensor& mask, int64_t block_q, int64_t block_k) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [dq, dk, dv] = call_bwd(dout, q, k, v, out, lse, lse_lo, causal, scale, rung, dropout_p,
+                                 seed, mask, block_q, block_k);
+    return {dq, dk, dv};
+  }
+
+  static variable_list backward(AutogradContext*, variable_list) {
+    TORCH_CHECK(false, kNoDoubleBackward);
+  }
+};
+
+Outs bwd_autograd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                  const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                  const at::Tensor& lse_lo, bool causal, double scale, int64_t rung,
+                  double dropout_p, const OptTensor& seed, const OptTensor& mask, int64_t block_q,
+                  int64_t block_k) {
+  const variable_list r = AttentionBackward::apply(dout, q, k, v, out, lse, lse_lo, causal, scale,
+                                                   rung, dropout_p, seed, mask, block_q, block_k);
+  return {r[0], r[1], r[2]};
+}
 
 Outs fwd_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                   double scale, int64_t rung, double dropout_p, const OptTensor& seed,
@@ -253,6 +301,7 @@ TORCH_LIBRARY_IMPL(ladder, CPU, m) {
 
 TORCH_LIBRARY_IMPL(ladder, Autograd, m) {
   m.impl("fwd", &fwd_autograd);
+  m.impl("bwd", &bwd_autograd);
 }
 
 TORCH_LIBRARY_FRAGMENT(ladder, m) {

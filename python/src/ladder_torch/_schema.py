@@ -8,12 +8,13 @@
 The real implementations are C++ (python/csrc: ops_cpu.cpp for rung 0, ops_cuda.cpp for the GPU
 rungs), registered per dispatch key when _native loads their libraries, and so is the autograd
 formula (ops_cpu.cpp, a C++ autograd function at the Autograd key for every device: the backward
-calls ladder::bwd, the rung's own backward kernels, with the forward's dropout seed and block
-mask). This module imports nothing from the package but the rungs' table, so that the libraries'
-loader can import it first (schemas before kernels) without a cycle. The fake implementations
-give torch.compile the outputs' shapes, dtypes and strides without running anything. lse_lo is
-LSE's rounding residual, which rung 05's backward reads ([B, H, M] there, an empty [0] for the
-other rungs).
+calls ladder::bwd, the rung's own backward kernels, with the forward's dropout seed and block mask;
+ladder::bwd's own autograd function makes it once differentiable, a second derivative raising
+rather than coming back as zero). This module imports nothing from the package but the rungs'
+table, so that the libraries' loader can import it first (schemas before kernels) without a cycle.
+The fake implementations give torch.compile the outputs' shapes, dtypes and strides without running
+anything. lse_lo is LSE's rounding residual, which rung 05's backward reads ([B, H, M] there, an
+empty [0] for the other rungs).
 
 Dropout (dropout_p > 0) needs seed: one int64 in a CPU tensor, the key of the contract's Philox
 mask Z (read on the host, so a tensor argument costs no device synchronisation and lets

@@ -58,14 +58,27 @@ class CausalSelfAttention(torch.nn.Module):
         dtype=None,
     ):
         super().__init__()
+        for name, value in (("d_model", d_model), ("heads", heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ladder: {name} must be an int of at least 1, got {value!r}")
         if d_model % heads:
-            raise ValueError(f"ladder: d_model {d_model} is not a multiple of heads {heads}")
+            raise ValueError(
+                f"ladder: d_model ({d_model}) must be a multiple of heads ({heads}): each head "
+                "gets d_model / heads of the model's width"
+            )
+        self.d_model = d_model
         self.heads, self.rung, self.dropout_p = heads, rung, dropout_p
         kw = dict(bias=bias, device=device, dtype=dtype)
         self.qkv = torch.nn.Linear(d_model, 3 * d_model, **kw)
         self.proj = torch.nn.Linear(d_model, d_model, **kw)
 
     def forward(self, x):
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
+            got = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(
+                f"ladder: CausalSelfAttention takes x [batch, seq, d_model] with d_model "
+                f"{self.d_model}; got {got}"
+            )
         b, t, c = x.shape
         qkv = self.qkv(x).view(b, t, 3, self.heads, c // self.heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)

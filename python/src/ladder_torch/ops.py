@@ -6,6 +6,7 @@ an exception naming what is supported.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -93,8 +94,8 @@ def _pick_rung(q: torch.Tensor, backward: bool, dropout: bool, mask_block) -> in
             return number
     listing = "\n  ".join(describe(n) for n in RUNGS if RUNGS[n].device == q.device.type)
     raise TypeError(
-        f"ladder: no rung takes {q.dtype} q, k, v with head dim {q.shape[-1]} on "
-        f"{q.device.type}"
+        f"ladder: no rung takes {q.dtype} q, k, v (their dtype) with head dim {q.shape[-1]} "
+        f"(their last dim) on {q.device.type}"
         + (" with a backward" if backward else "")
         + (" with dropout" if dropout else "")
         + (f" with mask blocks of {mask_block[0]} x {mask_block[1]}" if mask_block else "")
@@ -102,63 +103,150 @@ def _pick_rung(q: torch.Tensor, backward: bool, dropout: bool, mask_block) -> in
     )
 
 
-def _check(q, k, v, row: Rung, scale, causal, backward: bool) -> None:
-    """Everything the kernels need, as Python exceptions that say what is accepted."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
+def _check_tensors(q, k, v) -> None:
+    """q, k, v as every rung needs them, before one is picked: tensors, 4-D, on one device of a
+    kind that some rung runs on, of one dtype."""
+    for name, arg, t in (("q", "query", q), ("k", "key", k), ("v", "value", v)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"ladder: {name} must be a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(
+                f"ladder: {name} ({arg}) must be a torch.Tensor [batch, heads, seq, dim], got "
+                f"{type(t).__name__}"
+            )
         if t.dim() != 4:
             raise ValueError(
-                f"ladder: {name} must be 4-D [batch, heads, seq, dim] (as SDPA's), "
+                f"ladder: {name} ({arg}) must be 4-D [batch, heads, seq, dim] (as SDPA's), "
                 f"got shape {tuple(t.shape)}"
             )
     if not (q.device == k.device == v.device):
         raise ValueError(
-            f"ladder: q, k, v on different devices: {q.device}, {k.device}, {v.device}"
+            f"ladder: q, k and v must be on one device; got devices q {q.device}, k {k.device}, "
+            f"v {v.device}"
+        )
+    if q.device.type not in {r.device for r in RUNGS.values()}:
+        where = ", ".join(f"rung {r.number} on {r.device}" for r in RUNGS.values())
+        raise ValueError(
+            f"ladder: no rung runs on {q.device.type} tensors (q, k, v's device); the rungs run "
+            f"on cpu or cuda tensors: {where}"
         )
     if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"ladder: q, k, v of different dtypes: {q.dtype}, {k.dtype}, {v.dtype}")
+        raise TypeError(
+            f"ladder: q, k and v must have one dtype; got dtypes q {q.dtype}, k {k.dtype}, "
+            f"v {v.dtype}"
+        )
+
+
+def _check(q, k, v, row: Rung, backward: bool) -> None:
+    """Everything the kernels need, as Python exceptions that say what is accepted."""
     if q.device.type != row.device:
         raise ValueError(
-            f"ladder: rung {row.number} runs on {row.device} tensors; q is on {q.device}"
-            + (" (rung 0 is the CPU rung)" if row.device == "cuda" else "")
+            f"ladder: rung {row.number} runs on {row.device} tensors; q, k, v are on {q.device}"
+            + (" (rung 0 is the CPU rung; rung=None picks one)" if row.device == "cuda" else "")
         )
     caps = _native.capabilities(row.number)
     if not caps:
         raise _native.ExtensionUnavailable(str(_native.why_unavailable(row.device)))
     if q.dtype not in caps:
-        raise TypeError(f"ladder: {describe(row.number)}; got {q.dtype}")
+        takes = ", ".join(_NAMES[dtype] for dtype in caps)
+        raise TypeError(
+            f"ladder: rung {row.number} does not take {q.dtype} q, k, v (their dtype): it takes "
+            f"{takes}. {describe(row.number)}"
+        )
     b, h, _, d = q.shape
     if d < 1:
         raise ValueError(
-            f"ladder: the head dim must be at least 1, got q of shape {tuple(q.shape)}"
+            f"ladder: the head dim (q's last dim) must be at least 1, got q of shape "
+            f"{tuple(q.shape)}"
         )
-    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d:
+    layout = "q [batch, heads, seq_q, dim], k and v [batch, heads_kv, seq_k, dim]"
+    shapes = f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    if k.shape != v.shape:
+        raise ValueError(f"ladder: k and v must have one shape ({layout}); {shapes}")
+    if k.shape[0] != b:
         raise ValueError(
-            "ladder: k and v must be [batch, heads_kv, seq_k, dim] with q's batch and dim; "
-            f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+            f"ladder: k's and v's batch ({k.shape[0]}) must be q's ({b}) ({layout}); {shapes}"
+        )
+    if k.shape[3] != d:
+        raise ValueError(
+            f"ladder: k's and v's head dim ({k.shape[3]}) must be q's ({d}) ({layout}); {shapes}"
         )
     hkv = k.shape[1]
-    if (hkv == 0 and h != 0) or (hkv != 0 and h % hkv != 0):
-        raise ValueError(f"ladder: q's heads ({h}) must be a multiple of k's and v's ({hkv})")
+    if hkv == 0 and h != 0:
+        raise ValueError(
+            f"ladder: k and v have no heads (heads_kv 0) while q has {h}: heads_kv must be at "
+            f"least 1 and divide q's heads; {shapes}"
+        )
+    if hkv != 0 and h % hkv != 0:
+        raise ValueError(
+            f"ladder: q's heads ({h}) must be a multiple of k's and v's heads (heads_kv {hkv}): "
+            f"each k, v head serves heads / heads_kv query heads (GQA, MQA); {shapes}"
+        )
     if not _takes(row.number, q.dtype, d, False):
-        raise ValueError(f"ladder: head dim {d} not built; {describe(row.number)}")
+        raise ValueError(
+            f"ladder: rung {row.number} has no {_NAMES[q.dtype]} kernel for head dim {d} (q, k, "
+            f"v's last dim) in this build; {describe(row.number)}"
+        )
     if backward and not _takes(row.number, q.dtype, d, True):
-        raise ValueError(f"ladder: no backward for head dim {d}; {describe(row.number)}")
-    if scale is not None and not (math.isfinite(scale) and scale != 0):
-        raise ValueError(f"ladder: scale must be finite and non-zero, got {scale}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"ladder: causal must be a bool, got {type(causal).__name__}")
+        raise ValueError(
+            f"ladder: rung {row.number} has no backward for head dim {d} ({_NAMES[q.dtype]}), "
+            f"and q, k or v requires grad (run it under torch.no_grad() for the forward only); "
+            f"{describe(row.number)}"
+        )
+
+
+def _scale(scale) -> float | None:
+    """scale as a float (None stays None: 1/sqrt(d)): a real number, or a one-element real tensor
+    (as SDPA takes), finite and non-zero."""
+    if scale is None:
+        return None
+    if isinstance(scale, torch.Tensor):
+        is_real = scale.numel() == 1 and not (scale.is_complex() or scale.dtype == torch.bool)
+    else:
+        is_real = not isinstance(scale, bool) and isinstance(scale, (float, int, numbers.Real))
+    if not is_real:  # (the message is built here only: torch.compile traces a float scale)
+        if isinstance(scale, torch.Tensor):
+            got = f"a {scale.dtype} tensor of shape {tuple(scale.shape)}"
+        else:
+            got = f"{type(scale).__name__} {scale!r}"
+        raise TypeError(
+            f"ladder: scale must be a float (finite and non-zero; None for 1/sqrt(head dim)), "
+            f"got {got}"
+        )
+    try:
+        value = float(scale)
+    except OverflowError:
+        value = math.inf
+    if not (math.isfinite(value) and value != 0):
+        shown = str(scale) if len(str(scale)) <= 40 else str(scale)[:37] + "..."
+        raise ValueError(
+            f"ladder: scale must be finite and non-zero (None for 1/sqrt(head dim)), got {shown}"
+        )
+    return value
+
+
+def _flag(name: str, value, also: str = "") -> None:
+    """A bool argument, refused when it is anything else (as SDPA refuses is_causal=1)."""
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"ladder: {name} must be a bool{also}, got {type(value).__name__} {value!r}"
+        )
 
 
 def _mask_block(mask_block) -> tuple[int, int]:
     """mask_block=bm or (bm, bn) as (bm, bn), each a whole number of at least 1."""
+
+    def whole(x):
+        return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
     try:
-        pair = (mask_block,) * 2 if isinstance(mask_block, int) else tuple(mask_block)
+        pair = (mask_block,) * 2 if whole(mask_block) else tuple(mask_block)
     except TypeError:  # not a sequence
         pair = ()
-    if len(pair) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in pair):
-        raise ValueError(f"ladder: mask_block must be an int or a pair of ints, got {mask_block!r}")
+    if len(pair) != 2 or not all(map(whole, pair)):
+        raise ValueError(
+            "ladder: mask_block must be an int bm or a pair of ints (bm, bn), the block mask's "
+            f"blocks of bm query rows x bn keys; got {mask_block!r}"
+        )
+    pair = (int(pair[0]), int(pair[1]))
     if min(pair) < 1:
         raise ValueError(f"ladder: mask_block must be at least 1 x 1, got {pair}")
     return pair
@@ -177,7 +265,10 @@ def _check_features(q, k, row: Rung, dropout_p, block_mask, mask_block) -> None:
     if not isinstance(block_mask, torch.Tensor) or block_mask.dtype != torch.bool:
         is_tensor = isinstance(block_mask, torch.Tensor)
         got = block_mask.dtype if is_tensor else type(block_mask).__name__
-        raise TypeError(f"ladder: block_mask must be a bool tensor, got {got}")
+        raise TypeError(
+            "ladder: block_mask must be a bool tensor (True: the block pair is computed) or None, "
+            f"got {got}"
+        )
     if f.mask_block is None:
         raise NotImplementedError(
             f"ladder: rung {row.number} has no block masks; {describe(row.number)}"
@@ -274,6 +365,9 @@ def attention(
     Under autocast, float32 CUDA inputs are cast to the autocast dtype (as SDPA's are).
     Returns out [B, H, M, d], and with return_lse=True also LSE [B, H, M] (natural log, of the
     undropped P; float32, float64 for rung 0 in float64), which carries no gradient.
+    The backward is once differentiable: a second derivative (create_graph=True, then a gradient
+    of the gradients; gradgradcheck) raises a RuntimeError, as SDPA's flash backend does.
+    Unsupported input raises an exception that names the argument and what is supported.
     """
     q, k, v = query, key, value
     if attn_mask is not None:
@@ -281,37 +375,55 @@ def attention(
             "ladder: attn_mask is not supported: the rungs take causal=True (bottom-right) and "
             "block masks (block_mask=); use SDPA for an arbitrary mask"
         )
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
-        raise TypeError(f"ladder: dropout_p must be a float, got {type(dropout_p).__name__}")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (float, int, numbers.Real)):
+        raise TypeError(
+            f"ladder: dropout_p must be a float in [0, 1), got {type(dropout_p).__name__}"
+        )
     if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"ladder: dropout_p must be in [0, 1), got {dropout_p}")
+        raise ValueError(
+            f"ladder: dropout_p (the probability of dropping a weight) must be in [0, 1), "
+            f"got {dropout_p}"
+        )
     mask_block = _mask_block(mask_block)
-    if not enable_gqa and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor):
-        if q.dim() == 4 and k.dim() == 4 and q.shape[1] != k.shape[1]:
-            raise ValueError("ladder: q and k have different head counts and enable_gqa=False")
+    _flag("is_causal", is_causal)
+    if causal is not None:
+        _flag("causal", causal, " or None (is_causal decides)")
+    _flag("enable_gqa", enable_gqa)
+    _flag("return_lse", return_lse)
+    scale = _scale(scale)
+    if rung is not None and (type(rung) is not int or rung not in RUNGS):  # (True is no rung)
+        known = ", ".join(f"{r.number} ({r.name}, {r.device})" for r in RUNGS.values())
+        raise ValueError(
+            f"ladder: no rung {rung!r}; rung must be None (the highest rung that takes the call) "
+            f"or one of {known}"
+        )
+    _check_tensors(q, k, v)
+    if not enable_gqa and q.shape[1] != k.shape[1]:
+        raise ValueError(
+            f"ladder: q has {q.shape[1]} heads and k, v {k.shape[1]}: different head counts "
+            "(GQA, MQA) need enable_gqa=True (the default)"
+        )
     if is_causal:
         if causal is False:
-            raise ValueError("ladder: is_causal=True and causal=False contradict each other")
-        if isinstance(q, torch.Tensor) and q.dim() == 4 and k.dim() == 4:
-            if q.shape[2] != k.shape[2]:
-                raise ValueError(
-                    f"ladder: is_causal=True with seq_q {q.shape[2]} != seq_k {k.shape[2]}: SDPA's "
-                    "is_causal is top-left aligned, the rungs' causal mask bottom-right; pass "
-                    "causal=True for the bottom-right mask"
-                )
+            raise ValueError(
+                "ladder: is_causal=True and causal=False contradict each other; pass one of them"
+            )
+        if q.shape[2] != k.shape[2]:
+            raise ValueError(
+                f"ladder: is_causal=True with seq_q {q.shape[2]} != seq_k {k.shape[2]}: SDPA's "
+                "is_causal is top-left aligned, the rungs' causal mask bottom-right; pass "
+                "causal=True for the bottom-right mask"
+            )
         causal = True
     causal = False if causal is None else causal
-    if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
-        q, k, v = _autocast(q, k, v)
-    backward = torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)
-    )
-    if rung is None and isinstance(q, torch.Tensor):
+    q, k, v = _autocast(q, k, v)
+    backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if rung is None:
         rung = _pick_rung(
             q, backward, dropout_p > 0, mask_block if block_mask is not None else None
         )
     row = rung_row(rung)
-    _check(q, k, v, row, scale, causal, backward)
+    _check(q, k, v, row, backward)
     _check_features(q, k, row, dropout_p, block_mask, mask_block)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
