@@ -26,6 +26,8 @@
 #   python     build the PyTorch extension (python/build_ext.py), then pytest python/tests
 #   gpt        the small GPT once per attention (sdpa rung6 rung7), 300 steps -> $OUT/gpt/
 # Environment: OUT (default ./out), BENCH_ARGS, PEER_ARGS, CTEST_ARGS (e.g. "-R 07"),
+# BUILD_TARGETS (targets the build stage makes beside all, in the same ninja run: e.g. the
+# on-demand fault builds, so that later stages only link),
 # LADDER_COMMIT (the commit the rows are stamped with; default: as the driver finds it, `git
 # rev-parse --short HEAD` with -dirty when tracked files have uncommitted changes, else
 # "unknown"), GPU_TAG (the results file's name; default from the GPU's name: h100, h200, else
@@ -66,7 +68,8 @@ for stage in $stages; do
     build)
       { cmake -S . -B build-gpu -G Ninja -DCMAKE_PREFIX_PATH="$PWD/.deps" \
           -DCMAKE_BUILD_TYPE=Release -DLADDER_WERROR=ON &&
-          cmake --build build-gpu -j "$(nproc)"; } >"$OUT/build.log" 2>&1 ||
+          cmake --build build-gpu -j "$(nproc)" --target all ${BUILD_TARGETS:-}; } \
+        >"$OUT/build.log" 2>&1 ||
         { tail -40 "$OUT/build.log"; log "build FAILED"; exit 1; }
       grep -E "C75[0-9][0-9]|spill" "$OUT/build.log" | head -5 | tee -a "$OUT/summary.log"
       ;;
@@ -86,7 +89,8 @@ for stage in $stages; do
         head -10 | tee -a "$OUT/summary.log"
       ;;
     harness)
-      ctest --test-dir build-gpu -L gpu -R '^harness\.' -V -j 1 >"$OUT/harness.log" 2>&1 || status=1
+      ctest --test-dir build-gpu -L gpu -R '^harness\.' -V -j 1 --timeout "${HARNESS_TIMEOUT:-900}" \
+        >"$OUT/harness.log" 2>&1 || status=1
       log "harness: $(grep -E 'tests passed|tests failed' "$OUT/harness.log" || echo see log)"
       grep -E '^[0-9]+: step .*: [0-9]+ pass|^[0-9]+:   FAIL ' "$OUT/harness.log" | head -20 |
         tee -a "$OUT/summary.log"
