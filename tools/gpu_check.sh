@@ -9,7 +9,8 @@
 #   sanitize   ctest -L sanitizer (compute-sanitizer: memcheck, racecheck, synccheck, initcheck)
 #   harness    the harness alone on every GPU rung, every per-run line -> $OUT/harness.log (for
 #              tools/harness_table.py: each rung's margin under the rule)
-#   faults     ctest -R '^fault\.' (the planted defects, fault.rescale.NN too) -> $OUT/faults.log
+#   faults     ctest -R "$FAULT_TESTS" (default '^fault\.': the planted defects, fault.rescale.NN
+#              too) -> $OUT/faults.log
 #   drift      tools/lse_drift.sh: LSE error against seq, rungs 06 and 07 as built and with the
 #              rescale fault -> $OUT/lse-drift.csv
 #   selftest   rung 07's self-tests, forward and backward (tests/rung07; no timings)
@@ -96,7 +97,8 @@ for stage in $stages; do
         tee -a "$OUT/summary.log"
       ;;
     faults)
-      ctest --test-dir build-gpu -R '^fault\.' -V -j 1 >"$OUT/faults.log" 2>&1 || status=1
+      ctest --test-dir build-gpu -R "${FAULT_TESTS:-^fault\.}" -V -j 1 >"$OUT/faults.log" 2>&1 ||
+        status=1
       log "faults: $(grep -E 'tests passed|tests failed' "$OUT/faults.log" || echo see log)"
       grep -E 'the defect was caught|FAILED' "$OUT/faults.log" | tee -a "$OUT/summary.log"
       ;;
