@@ -321,7 +321,7 @@ def merge_csv(path, arg, header, lines, check_first=None):
 # cell (|), the row (a newline), open a code span (`), emphasis (* _ ~), a link ([ ]), an HTML
 # tag or entity (< > &). Every tool that writes Markdown from such text passes it through these.
 
-_MD_SPECIAL = "\\`*_[]<>&|~"
+_MD_SPECIAL = "\\`*[]<>&|~"
 
 
 def _one_line(text):
@@ -330,8 +330,16 @@ def _one_line(text):
 
 def md_text(text):
     """Plain text for a Markdown table cell or heading: control characters (newlines) become
-    spaces, Markdown's special characters are backslash-escaped."""
-    return "".join("\\" + c if c in _MD_SPECIAL else c for c in _one_line(text))
+    spaces, Markdown's special characters are backslash-escaped (an underscore only where it
+    could open or close emphasis)."""
+    text = _one_line(text)
+    out = []
+    for i, c in enumerate(text):
+        # _ inside a word (dropout0.5_causal) emphasises nothing: left as it is
+        inner = c == "_" and 0 < i < len(text) - 1 and text[i - 1].isalnum() and \
+            text[i + 1].isalnum()
+        out.append("\\" + c if c in _MD_SPECIAL or (c == "_" and not inner) else c)
+    return "".join(out)
 
 
 def md_code(text):
