@@ -330,7 +330,7 @@ def list_markdown(args):
         print(f"{rel(EXERCISES_MD)}: the exercise table matches the regions")
         return EXIT_OK
     if new != text:
-        EXERCISES_MD.write_text(new, encoding="utf-8")
+        pathargs.write_atomic(EXERCISES_MD, new, rel(EXERCISES_MD))
         print(f"refreshed the exercise table in {rel(EXERCISES_MD)}")
     else:
         print(f"{rel(EXERCISES_MD)} is current")
@@ -600,6 +600,10 @@ def cmd_grade(args):
         opt_dir = "" if args.dir == "exercises" else f" --dir {args.dir}"
         raise UsageError(f"no exercise copy {rel(copy)}/: make one with "
                          f"tools/exercise.py create {step.nn}{opt_dir}")
+    try:
+        build.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--build {rel(build)}: cannot be made: {e.strerror}") from None
     gpu = is_gpu_step(step)
     # Only the graded step is built (LADDER_ONLY_STEPS), a CPU step builds no CUDA at all, and
     # only the harness is built (the step's library with it): the first grade compiles the
