@@ -27,7 +27,13 @@ the same harness grades it.
 --dir may not be steps/ or a folder inside it. Only folders this tool made are ever removed.
 
 Relative --dir and --build paths are taken from the repository root, as CMake takes
-LADDER_EXERCISES. Exit status: 0 ok (grade: PASS: at least one case ran, every one passed), 1
+LADDER_EXERCISES. An empty --dir or --build is refused ("" is not the repository root), and so
+is a symbolic link, a FIFO or a device (tools/pathargs.py). --build must be a folder of its own:
+new, empty, or one an earlier grade configured (its CMakeCache.txt names this repository and
+sets LADDER_EXERCISES); the main build (build/), a build of another tree, the repository itself
+and any other folder holding files are refused, never reconfigured. A create that fails (a full
+disk, a folder that cannot be written) says why in one line and leaves no folder it made.
+Exit status: 0 ok (grade: PASS: at least one case ran, every one passed), 1
 grade FAIL (list --check: the table is stale), 2 bad use, 3 the grade could not run here (a GPU step with no CUDA device or toolkit).
 """
 import argparse
@@ -44,6 +50,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import pathargs  # noqa: E402  (the path-argument rule of every tool)
+
 STEPS = ROOT / "steps"
 EXERCISES_MD = ROOT / "notes" / "EXERCISES.md"
 SOURCE_SUFFIXES = {".cpp", ".hpp", ".h", ".cu", ".cuh", ".inl"}
@@ -84,27 +93,6 @@ class Region:
     concept: str = ""
     hint: list = field(default_factory=list)  # the comment lines after BEGIN, as written
     solution: tuple = (0, 0)  # [first, last) line indices of the solution code
-
-    def hint_text(self):
-        """The hint without the concept paragraph, as one line of text."""
-        words, in_concept = [], False
-        for line in self.hint:
-            text = line.strip()[2:].strip()
-            if CONCEPT.match(text):
-                in_concept = True
-                continue
-            if in_concept:
-                if not text:
-                    in_concept = False
-                continue
-            if text:
-                words.append(text)
-        return " ".join(words)
-
-    def first_hint(self):
-        text = self.hint_text()
-        m = re.match(r"^(.*?[.:])(\s|$)", text)
-        return m.group(1) if m else text
 
 
 @dataclass
@@ -236,9 +224,47 @@ def rel(path):
         return str(path)
 
 
-def from_root(path):
-    path = Path(path).expanduser()
-    return path if path.is_absolute() else ROOT / path
+def from_root(path, arg):
+    """A --dir or --build path, relative ones from the repository root; an empty path, a link, a
+    FIFO, a device or a file where a folder is wanted is refused (tools/pathargs.py)."""
+    try:
+        pathargs.output_dir(path, arg)  # an empty path names no folder ("" is not ROOT)
+        p = Path(path).expanduser()
+        p = p if p.is_absolute() else ROOT / p
+        pathargs.output_dir(p, arg)
+    except pathargs.PathError as e:
+        raise UsageError(str(e)) from None
+    return p
+
+
+def check_build_dir(build):
+    """--build must be a folder this tool may configure: absent, empty, or an earlier grade
+    build of this source (its CMakeCache.txt names this repository and has LADDER_EXERCISES
+    set). The main build (LADDER_EXERCISES empty), a build of another source tree, the
+    repository itself or any other folder with files in it is refused: grading would
+    reconfigure it (CUDA off, one step) or configure CMake among files that are not a build."""
+    r = build.resolve()
+    if r == ROOT.resolve() or r in ROOT.resolve().parents:
+        raise UsageError(f"--build {build}: is the repository or a folder above it, not a build "
+                         "folder (CMake would configure in the source tree); give a folder of "
+                         "its own, e.g. --build build-exercises")
+    if not build.exists() or not any(build.iterdir()):
+        return
+    cache = build / "CMakeCache.txt"
+    if pathargs.input_file(cache, "--build", missing_ok=True) is None:
+        raise UsageError(f"--build {rel(build)}: holds files but no CMakeCache.txt: not a build "
+                         "folder; give an empty or new folder (default build-exercises)")
+    have = cached_settings(build)
+    home = have.get("CMAKE_HOME_DIRECTORY", "")
+    if not home or Path(home).resolve() != ROOT.resolve():
+        raise UsageError(f"--build {rel(build)}: is the build of another source tree "
+                         f"({home or 'unknown'}), not of {ROOT}; give another folder (default "
+                         "build-exercises)")
+    if not have.get("LADDER_EXERCISES"):
+        raise UsageError(f"--build {rel(build)}: is a build of the solution (LADDER_EXERCISES is "
+                         "not set there); grading would reconfigure it to build only your copy "
+                         "of one step, CUDA off for a CPU step. Give a folder of its own: the "
+                         "default build-exercises, or any new folder")
 
 
 def shell_args(*parts):
@@ -304,7 +330,7 @@ def list_markdown(args):
         print(f"{rel(EXERCISES_MD)}: the exercise table matches the regions")
         return EXIT_OK
     if new != text:
-        EXERCISES_MD.write_text(new, encoding="utf-8")
+        pathargs.write_atomic(EXERCISES_MD, new, rel(EXERCISES_MD))
         print(f"refreshed the exercise table in {rel(EXERCISES_MD)}")
     else:
         print(f"{rel(EXERCISES_MD)} is current")
@@ -358,7 +384,7 @@ def cmd_create(args):
             raise UsageError(f"step {step.name} has no region {', '.join(unknown)}; its regions "
                              f"are: {', '.join(r.name for r in regions)}")
         regions = [r for r in regions if r.name in args.region]
-    root = from_root(args.dir)
+    root = from_root(args.dir, "--dir")
     dest = root / step.name
     check_exercise_dir(root, dest)
     if dest.exists() and not args.force:
@@ -370,11 +396,21 @@ def cmd_create(args):
     # an old copy moved aside and the new one renamed into place. A failure removes only that
     # fresh folder: no folder this tool did not create is ever moved or deleted, and an old
     # copy is never lost.
-    root.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{step.name}.", dir=root))
+    made = missing_folders(root)
+    work = None
     try:
+        root.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{step.name}.", dir=root))
         tmp = work / step.name
-        shutil.copytree(step.path, tmp)
+        try:
+            shutil.copytree(step.path, tmp)
+        except shutil.Error as e:  # a list of (source, copy, why): the first says enough
+            first = e.args[0][0] if e.args and e.args[0] else ("?", "?", str(e))
+            more = f" (and {len(e.args[0]) - 1} more)" if len(e.args[0]) > 1 else ""
+            m = re.match(r"\[Errno \d+\] (.*?)(?:: '|$)", str(first[2]))
+            raise UsageError(f"cannot copy {rel(first[0])} to {rel(dest)}/: "
+                             f"{m.group(1) if m else first[2]}{more}; nothing was "
+                             "created") from None
         for src in sorted({r.path for r in regions}):
             mine = [r for r in regions if r.path == src]
             with open(tmp / src.relative_to(step.path), "w", encoding="utf-8", newline="") as f:
@@ -387,10 +423,27 @@ def cmd_create(args):
                 n += 1
             backup.parent.mkdir(parents=True, exist_ok=True)
             os.rename(dest, backup)  # same file system: a rename, never a copy and delete
+            try:
+                os.rename(tmp, dest)
+            except OSError:
+                os.rename(backup, dest)  # the old copy back where it was
+                raise
             print(f"moved the old copy to {rel(backup)}")
-        os.rename(tmp, dest)
+        else:
+            os.rename(tmp, dest)
+    except OSError as e:
+        raise UsageError(f"cannot create {rel(dest)}/: {e.strerror or e}"
+                         + (f": {rel(e.filename)}" if e.filename else "") +
+                         "; nothing was created") from None
     finally:
-        shutil.rmtree(work, ignore_errors=True)  # ours: empty after a success
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)  # ours: empty after a success
+        if not dest.exists():
+            for folder in reversed(made):  # the folders this call made for the copy, if empty
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
 
     opt_dir = "" if args.dir == "exercises" else f"--dir {args.dir}"
     print(f"created {rel(dest)}/ from {rel(step.path)}/ with {len(regions)} region(s) to write:")
@@ -413,6 +466,16 @@ def cmd_create(args):
           f"cmake --build build-exercises --target {step.name} && "
           f"build-exercises/steps/{step.name}")
     return EXIT_OK
+
+
+def missing_folders(folder):
+    """The folders, outermost first, that making `folder` (with its parents) would create."""
+    missing = []
+    folder = Path(folder).absolute()
+    while not os.path.lexists(folder):
+        missing.insert(0, folder)
+        folder = folder.parent
+    return missing
 
 
 # ---------------------------------------------------------------------------------------------
@@ -526,13 +589,21 @@ def cmd_grade(args):
     step = find_step(args.step)
     if step.number in NO_EXERCISE and not step_regions(step):
         raise UsageError(NO_EXERCISE[step.number])
-    ex_dir = from_root(args.dir)
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs {args.jobs}: the number of parallel compile jobs is at least 1")
+    ex_dir = from_root(args.dir, "--dir")
     copy = ex_dir / step.name
+    check_exercise_dir(ex_dir, copy)
+    build = from_root(args.build, "--build")
+    check_build_dir(build)
     if not copy.is_dir():
         opt_dir = "" if args.dir == "exercises" else f" --dir {args.dir}"
         raise UsageError(f"no exercise copy {rel(copy)}/: make one with "
                          f"tools/exercise.py create {step.nn}{opt_dir}")
-    build = from_root(args.build)
+    try:
+        build.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--build {rel(build)}: cannot be made: {e.strerror}") from None
     gpu = is_gpu_step(step)
     # Only the graded step is built (LADDER_ONLY_STEPS), a CPU step builds no CUDA at all, and
     # only the harness is built (the step's library with it): the first grade compiles the
@@ -603,7 +674,7 @@ def cmd_grade(args):
 
 def cmd_diff(args):
     step = find_step(args.step)
-    copy = from_root(args.dir) / step.name
+    copy = from_root(args.dir, "--dir") / step.name
     if not copy.is_dir():
         raise UsageError(f"no exercise copy {rel(copy)}/ (make one with tools/exercise.py "
                          f"create {step.nn})")
@@ -673,7 +744,7 @@ def main(argv=None):
     verbs = {"list": cmd_list, "create": cmd_create, "grade": cmd_grade, "diff": cmd_diff}
     try:
         return verbs[args.verb](args)
-    except UsageError as e:
+    except (UsageError, pathargs.PathError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as e:  # a path that cannot be read or written: said plainly, not a traceback

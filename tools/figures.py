@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Figures and the README's results table, regenerated from the results files.
 
-  python3 tools/figures.py [--results DIR] [--figures DIR] [--readme FILE]
+  python3 tools/figures.py [--results DIR] [--figures DIR] [--readme FILE] [--steps DIR]
 
 reads the results files DIR/*.csv (default notes/results; one per GPU, written by `ladder bench
 --csv` and tools/peers.py --csv; schema in docs/CONTRACT.md, with or without the columns
@@ -24,20 +24,38 @@ writes that in the README and exits 0. A ratio of a rung to a peer (the README t
 figure) takes both rows from one run (the run column: one invocation of tools/gpu_check.sh,
 which times the rungs and the peers side by side). Rows from before run ids have run
 commit:<commit>: they pair by commit, the latest such peer row. Nothing here is typed by hand:
-every number comes from the CSV files. The figures need matplotlib (Debian: python3-matplotlib); the README table does not.
+every number comes from the CSV files. The figures need matplotlib (Debian: python3-matplotlib);
+the README table does not.
+
+The step READMEs' measured tables (between <!-- step-results:begin --> and <!-- step-results:end
+--> in STEPS/NN_*/README.md) are regenerated from the same rows: STEPS is --steps, by default the
+repository's steps/ when --readme is the repository's README.md and none otherwise (a --readme
+elsewhere never rewrites the repository's step READMEs).
+
+Paths (tools/pathargs.py): an empty path, a symbolic link, a FIFO, a device or a socket is refused
+(exit 2) wherever a path is given or read, the *.csv files of --results included. Every output
+(figures, README, step READMEs) is made in memory first and written only when all of them are
+made, each to a temporary file beside it that is then renamed over the old one: a failure (a
+read-only folder, a full disk, a file refused) leaves every file as it was. A row that is not of
+the schema (a size below 1, a value not finite, ...) is skipped with its line number. Text from
+the CSV files is escaped where it is written into Markdown. Exit status: 0 written (or nothing
+to change), 2 a path refused, a file that cannot be read or written, or no usable row.
 """
 import argparse
 import csv
 import importlib.util
+import io
 import math
 import os
 import re
 import sys
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import pathargs  # noqa: E402  (the path-argument rule of every tool)
+from pathargs import PathError, md_code, md_target, md_text  # noqa: E402
 COLUMNS = ("step,dtype,batch,heads,heads_kv,seq_q,seq_k,dim,causal,direction,ms,tflops,gbps,"
            "workspace_bytes,gpu,cuda,commit").split(",")
 # Added later to the schema: rows of older files have no dropout and are dense.
@@ -108,6 +126,10 @@ def parse_row(d):
     r.dtype = d["dtype"].strip()
     for c in ("batch", "heads", "heads_kv", "seq_q", "seq_k", "dim", "causal"):
         setattr(r, c, int(d[c]))
+        if c != "causal" and getattr(r, c) < 1:
+            raise ValueError(f"{c} = {d[c]} (a size is at least 1)")
+    if r.causal not in (0, 1):
+        raise ValueError(f"causal = {d['causal']} (0 or 1)")
     r.direction = d["direction"].strip()
     if r.direction not in ("fwd", "bwd"):
         raise ValueError(f"direction '{r.direction}'")
@@ -130,28 +152,41 @@ def parse_row(d):
     return r
 
 
+def csv_reader(path, arg):
+    """A csv.DictReader over a file read by the path rule (a regular file, not a link, read
+    without blocking and within a bound; a UTF-8 byte-order mark dropped)."""
+    return csv.DictReader(io.StringIO(pathargs.read_text(path, arg), newline=""))
+
+
 def load(path, latest=True):
     """The rows of one results file; for a point measured twice, the later row wins (with
-    latest=False: every row, in file order, for same-call comparisons)."""
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            print(f"figures: {path}: skipped, missing columns {', '.join(missing)}",
-                  file=sys.stderr)
-            return []
-        rows = {}
-        for line, d in enumerate(reader, start=2):
-            try:
-                r = parse_row(d)
-            except (ValueError, TypeError, KeyError) as e:
-                print(f"figures: {path}:{line}: skipped ({e})", file=sys.stderr)
-                continue
-            if not latest:
-                rows[(line,)] = r
-                continue
-            rows.pop(r.key(), None)  # re-insert: keeps file order for the newest row
-            rows[r.key()] = r
+    latest=False: every row, in file order, for same-call comparisons). Raises PathError for a
+    file that cannot be read (a link, a FIFO, not UTF-8, not CSV)."""
+    try:
+        return _load(path, latest)
+    except csv.Error as e:
+        raise PathError(f"--results {path}: not a CSV file ({e})") from None
+
+
+def _load(path, latest):
+    reader = csv_reader(path, "--results")
+    missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        print(f"figures: {path}: skipped, missing columns {', '.join(missing)}",
+              file=sys.stderr)
+        return []
+    rows = {}
+    for line, d in enumerate(reader, start=2):
+        try:
+            r = parse_row(d)
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            print(f"figures: {path}:{line}: skipped ({e})", file=sys.stderr)
+            continue
+        if not latest:
+            rows[(line,)] = r
+            continue
+        rows.pop(r.key(), None)  # re-insert: keeps file order for the newest row
+        rows[r.key()] = r
     return list(rows.values())
 
 
@@ -167,26 +202,29 @@ def load_ceilings(path):
     """{gpu: {ceiling name: Ceiling}} from the ceilings file: for each GPU and ceiling the last
     row with a number (rows are appended, so the last is the newest commit's; a value of '-'
     is a ceiling that run could not measure, e.g. wgmma in a build without sm_90a)."""
-    if not path.is_file():
+    if pathargs.input_file(path, "--results", missing_ok=True) is None:
         return {}
     out = defaultdict(dict)
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in CEILING_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            print(f"figures: {path}: skipped, missing columns {', '.join(missing)}",
-                  file=sys.stderr)
-            return {}
-        for d in reader:
-            try:
-                value = float(d["value"])
-            except (TypeError, ValueError):
-                continue
-            if math.isfinite(value) and value > 0:
-                name = d["ceiling"].strip()
-                out[d["gpu"].strip()][name] = Ceiling(name, value, d["unit"].strip(),
-                                                      (d["commit"] or "-").strip(),
-                                                      (d["method"] or "").strip())
+    try:
+        reader = csv_reader(path, "--results")
+        rows = list(reader)
+    except csv.Error as e:
+        raise PathError(f"--results {path}: not a CSV file ({e})") from None
+    missing = [c for c in CEILING_COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        print(f"figures: {path}: skipped, missing columns {', '.join(missing)}",
+              file=sys.stderr)
+        return {}
+    for d in rows:
+        try:
+            value = float(d["value"])
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(value) and value > 0:
+            name = (d["ceiling"] or "").strip()
+            out[(d["gpu"] or "").strip()][name] = Ceiling(
+                name, value, (d["unit"] or "").strip(), (d["commit"] or "-").strip(),
+                (d["method"] or "").strip())
     return dict(out)
 
 
@@ -249,13 +287,31 @@ def order(step):
 # Figures
 
 
+class Figure(os.PathLike):
+    """A figure drawn into memory: its path (where it is published) and its bytes. Nothing is
+    written until every output of the run has been made (main: one Staged publish)."""
+
+    def __init__(self, path, data):
+        self.path, self.data = Path(path), data
+
+    def __fspath__(self):
+        return os.fspath(self.path)
+
+    def __getattr__(self, name):  # .stem, .suffix, .name, .resolve() ... of the path
+        return getattr(self.path, name)
+
+    def __str__(self):
+        return str(self.path)
+
+
 def save(fig, out_dir, stem, written):
     for ext in ("svg", "png"):
         path = out_dir / f"{stem}.{ext}"
         # No date in the SVG and a fixed id salt: the same CSV gives byte-identical files.
         meta = {"Date": None} if ext == "svg" else {"Software": None}
-        fig.savefig(path, dpi=150, bbox_inches="tight", metadata=meta)
-        written.append(path)
+        buf = io.BytesIO()
+        fig.savefig(buf, format=ext, dpi=150, bbox_inches="tight", metadata=meta)
+        written.append(Figure(path, buf.getvalue()))
 
 
 def legend_right(fig, ax, handles, labels, markers=None):
@@ -681,27 +737,37 @@ def fig_variants(plt, rows, gpu, tag, out_dir, names, written, ceil):
 
 def load_trace(path):
     """The rung-07 trace rows, as dicts with ints for warp, tile and the times."""
+    try:
+        return _load_trace(path)
+    except csv.Error as e:
+        raise PathError(f"--results {path}: not a CSV file ({e})") from None
+
+
+def _load_trace(path):
     out = []
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            print(f"figures: {path}: skipped, missing columns {', '.join(missing)}",
+    reader = csv_reader(path, "--results")
+    missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        print(f"figures: {path}: skipped, missing columns {', '.join(missing)}",
+              file=sys.stderr)
+        return []
+    for line, d in enumerate(reader, start=2):
+        try:
+            t = {"variant": d["variant"].strip(), "role": d["role"].strip(),
+                 "phase": d["phase"].strip(), "warp": int(d["warp"]),
+                 "tile": int(d["tile"]) if (d["tile"] or "").strip() not in ("", "-") else None,
+                 "t0": float(d["t0_ns"]), "t1": float(d["t1_ns"])}
+        except (TypeError, ValueError, AttributeError) as e:
+            print(f"figures: {path}:{line}: skipped ({e})", file=sys.stderr)
+            continue
+        if not (math.isfinite(t["t0"]) and math.isfinite(t["t1"]) and t["t0"] >= 0):
+            print(f"figures: {path}:{line}: skipped (times not finite and >= 0)",
                   file=sys.stderr)
-            return []
-        for line, d in enumerate(reader, start=2):
-            try:
-                t = {"variant": d["variant"].strip(), "role": d["role"].strip(),
-                     "phase": d["phase"].strip(), "warp": int(d["warp"]),
-                     "tile": int(d["tile"]) if (d["tile"] or "").strip() not in ("", "-") else None,
-                     "t0": float(d["t0_ns"]), "t1": float(d["t1_ns"])}
-            except (TypeError, ValueError) as e:
-                print(f"figures: {path}:{line}: skipped ({e})", file=sys.stderr)
-                continue
-            if t["t1"] < t["t0"]:
-                print(f"figures: {path}:{line}: skipped (t1 < t0)", file=sys.stderr)
-                continue
-            out.append(t)
+            continue
+        if t["t1"] < t["t0"]:
+            print(f"figures: {path}:{line}: skipped (t1 < t0)", file=sys.stderr)
+            continue
+        out.append(t)
     return out
 
 
@@ -768,7 +834,12 @@ def note_figures(notes_dir, written):
     made = {Path(w).name for w in written}
     stale = []
     for note in sorted(Path(notes_dir).glob("*.md")):
-        for m in re.finditer(r"!\[[^\]]*\]\(figures/([^)\s]+)\)", note.read_text(encoding="utf-8")):
+        try:
+            text = pathargs.read_text(note, "notes")
+        except PathError as e:  # a note that cannot be read is no figure's embed
+            print(f"figures: warning: {e}", file=sys.stderr)
+            continue
+        for m in re.finditer(r"!\[[^\]]*\]\(figures/([^)\s]+)\)", text):
             if m.group(1) not in made:
                 stale.append(f"{shown(note)} embeds figures/{m.group(1)}, which this run did not write")
     for s in stale:
@@ -861,14 +932,15 @@ def results_table(rows, history, gpu_tag, csv_path, names, figures):
     cuda = unique(r.cuda for r in step_rows)
     torch_cuda = unique(r.cuda for r in peer_rows)
     commits = unique(r.commit for r in step_rows)
-    out = [f"### {', '.join(gpus) or gpu_tag}", ""]
-    meta = [f"from [`{csv_path}`]({csv_path})"]
+    # Text from the CSV (GPU names, versions, commits, steps) is escaped for Markdown.
+    out = [f"### {md_text(', '.join(gpus) or gpu_tag)}", ""]
+    meta = [f"from [{md_code(csv_path)}]({md_target(csv_path)})"]
     if cuda:
-        meta.append(f"CUDA {', '.join(cuda)}")
+        meta.append(f"CUDA {md_text(', '.join(cuda))}")
     if torch_cuda:
-        meta.append(f"peers: PyTorch SDPA built with CUDA {', '.join(torch_cuda)}")
+        meta.append(f"peers: PyTorch SDPA built with CUDA {md_text(', '.join(torch_cuda))}")
     if commits:
-        meta.append(f"commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}")
+        meta.append(f"commit{'s' if len(commits) > 1 else ''} {md_text(', '.join(commits))}")
     out += [" · ".join(meta) + ".", ""]
     out += [f"TFLOP/s at seq {seq} (B = {max(1, TOKENS // seq)}, H·d = {HIDDEN}); "
             "a ratio is the rung's TFLOP/s over its peer's measured in the same run "
@@ -884,84 +956,100 @@ def results_table(rows, history, gpu_tag, csv_path, names, figures):
         f, pf = paired(step, dtype, dim, causal, "fwd", peer)
         b, pb = paired(step, dtype, dim, causal, "bwd", peer)
         peer_cell = f"{peer} {dtype}: {fmt_tf(pf)} / {fmt_tf(pb)}" if pf or pb else "—"
-        out.append(f"| `{label(step, names)}` | {dtype} | {dim} | {'yes' if causal else 'no'} | "
-                   f"{fmt_tf(f)} | {fmt_tf(b)} | {peer_cell} | {fmt_ratio(f, pf)} | "
+        out.append(f"| {md_code(label(step, names))} | {dtype} | {dim} | "
+                   f"{'yes' if causal else 'no'} | {fmt_tf(f)} | {fmt_tf(b)} | {peer_cell} | "
+                   f"{fmt_ratio(f, pf)} | "
                    f"{fmt_ratio(b, pb)} |")
     absent = sorted({r.step for r in rungs} - {p[0] for p in points})
     if absent:
         why = (" (`ladder bench --preset flash` runs the CPU rungs up to seq 1024)"
                if set(absent) <= CPU_RUNGS else "")
         out += ["", f"Not measured at seq {seq}: "
-                f"{', '.join(f'`{label(s, names)}`' for s in absent)}{why}."]
+                f"{', '.join(md_code(label(s, names)) for s in absent)}{why}."]
     if figures:
         # The roofline shows every GPU rung at once; the other figures are a click away.
         roof = [p for p in figures if p.stem.endswith("_roofline")]
         title = lambda p: (p.stem[len(gpu_tag) + 1:].replace("tflops_", "TFLOP/s ")
                            .replace("timeline_", "timeline "))
-        out += ["", "Figures: " + " · ".join(f"[{title(p)}]({p.as_posix()})" for p in figures)]
-        out += [""] + [f"![{p.stem}]({p.as_posix()})" for p in roof]
+        out += ["", "Figures: " + " · ".join(f"[{md_text(title(p))}]({md_target(p.as_posix())})"
+                                             for p in figures)]
+        out += [""] + [f"![{md_text(p.stem)}]({md_target(p.as_posix())})" for p in roof]
     return out + [""]
 
 
-def update_readme(readme, body):
-    text = readme.read_text(encoding="utf-8")
+def readme_with_table(text, body):
+    """The README's text with the block between the results markers replaced by `body`."""
     block = BEGIN + "\n" + body.rstrip("\n") + "\n" + END
     if BEGIN in text and END in text and text.index(BEGIN) < text.index(END):
         a, b = text.index(BEGIN), text.index(END) + len(END)
-        new = text[:a] + block + text[b:]
-    else:
-        # First run: a "## Results" section just before "## Notes" (or at the end).
-        m = re.search(r"^## Results[ \t]*\n", text, flags=re.M)
-        if m:
-            new = text[:m.end()] + "\n" + block + "\n" + text[m.end():]
-        else:
-            m = re.search(r"^## Notes\b", text, flags=re.M)
-            section = "## Results\n\n" + block + "\n\n"
-            if m:
-                new = text[:m.start()] + section + text[m.start():]
-            else:
-                new = text.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
-    if new != text:
-        write_replacing(readme, new)
-    return new != text
+        return text[:a] + block + text[b:]
+    # First run: a "## Results" section just before "## Notes" (or at the end).
+    m = re.search(r"^## Results[ \t]*\n", text, flags=re.M)
+    if m:
+        return text[:m.end()] + "\n" + block + "\n" + text[m.end():]
+    m = re.search(r"^## Notes\b", text, flags=re.M)
+    section = "## Results\n\n" + block + "\n\n"
+    if m:
+        return text[:m.start()] + section + text[m.start():]
+    return text.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
 
 
-def write_replacing(path, text):
-    """Writes `text` to a temporary file beside `path`, then renames it over `path`: a reader
-    never sees half a README, and a failure leaves the old one as it was."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, path.stat().st_mode & 0o777)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+class Edits:
+    """The new text of each Markdown file this run rewrites, by resolved path: a file edited
+    twice (a --readme that is also a step README) gets both edits. Nothing is written here."""
+
+    def __init__(self):
+        self.old, self.new, self.arg = {}, {}, {}
+
+    def text(self, path, arg):
+        key = Path(path).resolve()
+        if key not in self.new:
+            self.old[key] = self.new[key] = pathargs.read_text(path, arg)
+            self.arg[key] = (Path(path), arg)
+        return self.new[key]
+
+    def set(self, path, text):
+        self.new[Path(path).resolve()] = text
+
+    def changed(self):
+        """[(path as given, argument, new text)] of the files whose text changed."""
+        return [(self.arg[k][0], self.arg[k][1], self.new[k]) for k in self.new
+                if self.new[k] != self.old[k]]
 
 
-class UsageError(Exception):
-    """A path argument that cannot be what it names: `figures: error: ...`, exit status 2."""
-
-
-def check_paths(results, out_dir, readme):
-    """Refuses, before anything is read or written, a --results folder that is not there (a
-    typo must not rewrite the README as "No results yet"), a --readme that is not an existing
-    regular Markdown file (never a CSV, a link or a device), and a --figures path that is not a
-    folder."""
-    if not results.is_dir():
-        raise UsageError(f"--results {results}: no such folder" if not results.exists() else
-                         f"--results {results}: not a folder")
-    if readme.is_symlink() or not readme.is_file():
-        raise UsageError(f"--readme {readme}: " + ("no such file" if not readme.exists() and
-                                                   not readme.is_symlink() else
-                                                   "not a regular file (a link, folder or "
-                                                   "device is not rewritten)"))
+def check_paths(results, out_dir, readme, steps):
+    """Refuses, before anything is read or written (pathargs: an empty path, a link, a FIFO, a
+    device), a --results folder that is not there (a typo must not rewrite the README as "No
+    results yet"), a --readme that is not an existing regular Markdown file, a --figures path
+    that is not a folder and a --steps path that is not a folder. Returns them as Paths."""
+    results = pathargs.input_dir(results, "--results")
+    readme = pathargs.input_file(readme, "--readme")
     if readme.suffix.lower() not in (".md", ".markdown"):
-        raise UsageError(f"--readme {readme}: not a Markdown file (.md); the results table is "
-                         "Markdown and is written into a README only")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"--figures {out_dir}: exists and is not a folder")
+        raise PathError(f"--readme {readme}: not a Markdown file (.md); the results table is "
+                        "Markdown and is written into a README only")
+    out_dir = pathargs.output_dir(out_dir, "--figures")
+    if steps is not None:
+        steps = pathargs.input_dir(steps, "--steps")
+    return results, out_dir, readme, steps
+
+
+def default_steps(readme):
+    """The step READMEs that follow --readme: the repository's steps/ when --readme is the
+    repository's README.md, else none."""
+    return ROOT / "steps" if readme.resolve() == (ROOT / "README.md").resolve() else None
+
+
+def results_files(results):
+    """The results files of the folder: every *.csv but the ceilings and the traces. A link, a
+    FIFO, a device or a folder named *.csv is refused (pathargs), not read or skipped."""
+    files = []
+    for p in sorted(results.glob("*.csv")):
+        pathargs.input_file(p, "--results")
+        if p.name != CEILINGS_FILE and not re.search(r"-trace-\d+$", p.stem):
+            files.append(p)
+    # h100 first: it is the GPU the targets are set for.
+    files.sort(key=lambda p: (p.stem != "h100", p.stem))
+    return files
 
 
 # ---------------------------------------------------------------------------------------------
@@ -983,14 +1071,15 @@ def step_results_block(number, readme_dir, data, all_ceilings):
     rel = lambda path: Path(os.path.relpath(Path(path).resolve(), readme_dir)).as_posix()
     out = []
     if number in CPU_RUNGS:  # one sentence, whatever the GPUs measured
-        links = ", ".join(f"[`{shown(path)}`]({rel(path)})" for path, _ in data)
+        links = ", ".join(f"[{md_code(shown(path))}]({md_target(rel(path))})" for path, _ in data)
         return [f"No rows for this step in {links}: it runs on the CPU, and the committed timings "
                 "are of the GPU rungs (`build/ladder bench` times it on your machine).", ""]
     for path, rows in data:
         mine = [r for r in rows if r.step.split("/")[0] == number and r.plain and r.flash_shape
                 and r.tflops > 0]
         if not mine:
-            out += [f"No rows for this step in [`{shown(path)}`]({rel(path)}).", ""]
+            out += [f"No rows for this step in [{md_code(shown(path))}]({md_target(rel(path))}).",
+                    ""]
             continue
         # 4096 when the default variant was measured there, else the seq with the most rows.
         count = defaultdict(int)
@@ -1021,9 +1110,10 @@ def step_results_block(number, readme_dir, data, all_ceilings):
         variants.sort(key=lambda v: v != "")
         gpu = ", ".join(unique(r.gpu for r in at)) or path.stem
         cuda = ", ".join(unique(r.cuda for r in at))
-        out += [f"**{gpu}**" + (f", CUDA {cuda}" if cuda else "") +
+        out += [f"**{md_text(gpu)}**" + (f", CUDA {md_text(cuda)}" if cuda else "") +
                 f": TFLOP/s at seq {seq} (B = {max(1, TOKENS // seq)}, H·d = {HIDDEN}), dense, "
-                f"no dropout, from [`{shown(path)}`]({rel(path)}); in brackets, the % of the "
+                f"no dropout, from [{md_code(shown(path))}]({md_target(rel(path))}); in brackets, "
+                "the % of the "
                 "measured ceiling named below the table; — where no row was measured.", "",
                 "| variant | dtype | d | causal | fwd | bwd | commit |",
                 "|---|---|--:|---|--:|--:|---|"]
@@ -1039,13 +1129,13 @@ def step_results_block(number, readme_dir, data, all_ceilings):
                 if not by_dir:
                     continue
                 commits = unique(r.commit for r in by_dir.values())
-                out.append(f"| {v or '(default)'} | {dtype} | {dim} | "
+                out.append(f"| {md_text(v) or '(default)'} | {md_text(dtype)} | {dim} | "
                            f"{'yes' if causal else 'no'} | {cell(by_dir.get('fwd'))} | "
-                           f"{cell(by_dir.get('bwd'))} | {', '.join(commits) or '—'} |")
+                           f"{cell(by_dir.get('bwd'))} | {md_text(', '.join(commits)) or '—'} |")
         if used:
             out += ["", "Ceilings (measured by `tools/ceilings.cu`, [`ceilings.csv`]"
-                    f"({rel(Path(path).parent / CEILINGS_FILE)})): " + "; ".join(
-                        f"{n} {c.value:g} {c.unit} (commit {c.commit})"
+                    f"({md_target(rel(Path(path).parent / CEILINGS_FILE))})): " + "; ".join(
+                        f"{n} {c.value:g} {md_text(c.unit)} (commit {md_text(c.commit)})"
                         for n, c in sorted(used.items())) + "."]
         else:
             out += ["", "No ceiling measured for this GPU: no % shown."]
@@ -1053,15 +1143,14 @@ def step_results_block(number, readme_dir, data, all_ceilings):
     return out
 
 
-def update_step_readmes(data, all_ceilings):
-    """Rewrites the block between the step-results markers of every steps/NN_*/README.md that
-    has them (a README without them is left alone). Returns the READMEs changed."""
-    changed = []
-    for number, name in sorted(rung_names().items()):
-        readme = ROOT / "steps" / name / "README.md"
-        if not readme.is_file():
+def step_readme_edits(steps_dir, data, all_ceilings, edits):
+    """Rewrites, in `edits`, the block between the step-results markers of every
+    STEPS/NN_*/README.md that has them (a README without them is left alone)."""
+    for readme in sorted(Path(steps_dir).glob("[0-9][0-9]_*/README.md")):
+        number = readme.parent.name[:2]
+        if pathargs.input_file(readme, "--steps", missing_ok=True) is None:
             continue
-        text = readme.read_text(encoding="utf-8")
+        text = edits.text(readme, "--steps")
         if not (STEP_BEGIN in text and STEP_END in text and
                 text.index(STEP_BEGIN) < text.index(STEP_END)):
             continue
@@ -1069,12 +1158,8 @@ def update_step_readmes(data, all_ceilings):
             "No results yet: `python3 tools/figures.py` writes this table from "
             "`notes/results/<gpu>.csv`."]
         a, b = text.index(STEP_BEGIN), text.index(STEP_END) + len(STEP_END)
-        new = (text[:a] + STEP_BEGIN + "\n" + "\n".join(body).rstrip("\n") + "\n" + STEP_END +
-               text[b:])
-        if new != text:
-            write_replacing(readme, new)
-            changed.append(readme)
-    return changed
+        edits.set(readme, text[:a] + STEP_BEGIN + "\n" + "\n".join(body).rstrip("\n") + "\n" +
+                  STEP_END + text[b:])
 
 
 NO_RESULTS = ("No results yet. On a machine with an NVIDIA GPU, `tools/gpu_check.sh bench peers` "
@@ -1091,90 +1176,132 @@ def main(argv=None):
     ap.add_argument("--figures", default=str(ROOT / "notes" / "figures"),
                     help="output folder (default notes/figures)")
     ap.add_argument("--readme", default=str(ROOT / "README.md"),
-                    help="the README whose results table is regenerated")
+                    help="the README whose results table is regenerated (default README.md)")
+    ap.add_argument("--steps", metavar="DIR",
+                    help="the folder whose NN_*/README.md measured tables are regenerated "
+                    "(default: the repository's steps/ when --readme is the repository's "
+                    "README.md, else none: a --readme elsewhere never rewrites steps/)")
     args = ap.parse_args(argv)
-    results, out_dir, readme = Path(args.results), Path(args.figures), Path(args.readme)
-    try:
-        check_paths(results, out_dir, readme)
-    except UsageError as e:
-        print(f"figures: error: {e}", file=sys.stderr)
-        return 2
-
-    # The results files: every CSV but the ceilings and the traces.
-    files = sorted(p for p in results.glob("*.csv")
-                   if p.name != CEILINGS_FILE and not re.search(r"-trace-\d+$", p.stem)
-                   )
+    results, out_dir, readme, steps = check_paths(args.results, args.figures, args.readme,
+                                                  args.steps)
+    if steps is None and args.steps is None:
+        steps = default_steps(readme)
+    files = results_files(results)
     if files:
         use_system_python()
-    # h100 first: it is the GPU the targets are set for.
-    files.sort(key=lambda p: (p.stem != "h100", p.stem))
     data = [(p, load(p)) for p in files]
     data = [(p, rows) for p, rows in data if rows]
     all_ceilings = load_ceilings(results / CEILINGS_FILE)
     if files and not data:  # files there, none usable: an error, not "no results yet"
-        print(f"figures: error: no usable row in {', '.join(shown(p) for p in files)} (see "
-              f"above); {readme.name} and the figures were left as they are", file=sys.stderr)
-        return 2
-    for w in update_step_readmes(data, all_ceilings):
-        print(f"figures: {shown(w)} measured table updated")
-    if not data:
-        changed = update_readme(readme, NO_RESULTS)
-        print(f"figures: no results in {results}: {readme.name} says so"
-              f"{'' if changed else ' (unchanged)'}; no figures written")
-        return 0
+        raise PathError(f"no usable row in {', '.join(shown(p) for p in files)} (see above); "
+                        f"{readme.name} and the figures were left as they are")
 
-    plt = import_pyplot()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    names = rung_names()
-    body, all_written = [], []
-    for path, rows in data:
-        tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.stem)
-        gpu = ", ".join(unique(r.gpu for r in rows)) or tag
-        history = load(path, latest=False)
-        plain = [r for r in rows if r.plain and not r.variant]
-        ceil = ceilings_for(all_ceilings, rows)
-        if not ceil:
-            print(f"figures: no ceilings for {gpu} in {shown(results / CEILINGS_FILE)}: "
-                  "the figures draw no ceiling line")
-        written = []
-        fig_tflops(plt, plain, gpu, tag, out_dir, names, written, ceil)
-        fig_roofline(plt, plain, gpu, tag, out_dir, names, written, ceil)
-        fig_workspace(plt, plain, gpu, tag, out_dir, names, written)
-        fig_sparsity(plt, rows, gpu, tag, out_dir, names, written)
-        fig_dropout(plt, [r for r in rows if not r.variant],
-                    [h for h in history if not h.variant], gpu, tag, out_dir, names, written)
-        fig_variants(plt, rows, gpu, tag, out_dir, names, written, ceil)
-        trace_path = results / f"{path.stem}-trace-07.csv"
-        if trace_path.is_file():
-            trace = load_trace(trace_path)
-            if trace:
-                fig_timeline(plt, trace, gpu, tag, out_dir, written)
-        for w in written:
-            print(f"figures: wrote {shown(w)}")
-        all_written += written
-        svgs = [w for w in written if w.suffix == ".svg"]
+    # Every output is made first, in memory; only then is anything written (all or nothing).
+    edits = Edits()
+    if steps is not None:
+        step_readme_edits(steps, data, all_ceilings, edits)
+    figures = []
+    if not data:
+        edits.set(readme, readme_with_table(edits.text(readme, "--readme"), NO_RESULTS))
+        note = f"no results in {results}: {readme.name} says so"
+    else:
+        plt = import_pyplot()
+        names = rung_names()
+        body = []
+        for path, rows in data:
+            tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.stem)
+            gpu = ", ".join(unique(r.gpu for r in rows)) or tag
+            history = load(path, latest=False)
+            plain = [r for r in rows if r.plain and not r.variant]
+            ceil = ceilings_for(all_ceilings, rows)
+            if not ceil:
+                print(f"figures: no ceilings for {gpu} in {shown(results / CEILINGS_FILE)}: "
+                      "the figures draw no ceiling line")
+            written = []
+            fig_tflops(plt, plain, gpu, tag, out_dir, names, written, ceil)
+            fig_roofline(plt, plain, gpu, tag, out_dir, names, written, ceil)
+            fig_workspace(plt, plain, gpu, tag, out_dir, names, written)
+            fig_sparsity(plt, rows, gpu, tag, out_dir, names, written)
+            fig_dropout(plt, [r for r in rows if not r.variant],
+                        [h for h in history if not h.variant], gpu, tag, out_dir, names, written)
+            fig_variants(plt, rows, gpu, tag, out_dir, names, written, ceil)
+            trace_path = results / f"{path.stem}-trace-07.csv"
+            if pathargs.input_file(trace_path, "--results", missing_ok=True) is not None:
+                trace = load_trace(trace_path)
+                if trace:
+                    fig_timeline(plt, trace, gpu, tag, out_dir, written)
+            figures += written
+            svgs = [w.path for w in written if w.suffix == ".svg"]
+            try:
+                csv_rel = path.resolve().relative_to(readme.resolve().parent).as_posix()
+                svg_rel = [w.resolve().relative_to(readme.resolve().parent) for w in svgs]
+            except ValueError:  # outside the README's tree (development runs): absolute paths
+                csv_rel, svg_rel = str(path), svgs
+            body += results_table(plain, [h for h in history if h.plain and not h.variant], tag,
+                                  csv_rel, names, svg_rel)
+        if out_dir.resolve() == (ROOT / "notes" / "figures").resolve():
+            note_figures(ROOT / "notes", figures)
+        edits.set(readme, readme_with_table(edits.text(readme, "--readme"), "\n".join(body)))
+        note = None
+
+    changed = edits.changed()
+    created = missing_folders(out_dir) if figures else []
+    with pathargs.Staged() as out:
         try:
-            csv_rel = path.resolve().relative_to(readme.resolve().parent).as_posix()
-            svg_rel = [w.resolve().relative_to(readme.resolve().parent) for w in svgs]
-        except ValueError:  # outside the README's tree (development runs): absolute paths
-            csv_rel, svg_rel = str(path), svgs
-        body += results_table(plain, [h for h in history if h.plain and not h.variant], tag,
-                              csv_rel, names, svg_rel)
-    note_figures(ROOT / "notes", all_written)
-    changed = update_readme(readme, "\n".join(body))
-    print(f"figures: {readme.name} results table {'updated' if changed else 'unchanged'}")
+            if created:
+                out_dir.mkdir(parents=True, exist_ok=True)
+            for f in figures:
+                out.add(f.path, f.data, "--figures")
+            for path, arg, text in changed:
+                out.add(path, text, arg)
+            out.publish()
+        except BaseException:
+            out.discard()
+            for folder in reversed(created):  # only the folders this run made, if still empty
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+            raise
+    for f in figures:
+        print(f"figures: wrote {shown(f.path)}")
+    readme_changed = readme.resolve() in {Path(p).resolve() for p, _, _ in changed}
+    for path, arg, _ in changed:
+        if arg == "--steps":
+            print(f"figures: {shown(path)} measured table updated")
+    if note:
+        print(f"figures: {note}{'' if readme_changed else ' (unchanged)'}; no figures written")
+    else:
+        print(f"figures: {readme.name} results table "
+              f"{'updated' if readme_changed else 'unchanged'}")
     return 0
 
 
+def missing_folders(folder):
+    """The folders, outermost first, that making `folder` would create."""
+    missing = []
+    folder = Path(folder).absolute()
+    while not os.path.lexists(folder):
+        missing.insert(0, folder)
+        folder = folder.parent
+    return missing
+
+
 def main_or_exit(argv=None):
-    """main(), with a file that cannot be read or written said plainly (exit 2), not a
-    traceback."""
+    """main(), with a path the rule refuses or a file that cannot be read or written said
+    plainly (exit 2), not a traceback; every output is then as it was."""
     try:
         return main(argv)
-    except OSError as e:
-        print(f"figures: error: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""),
-              file=sys.stderr)
+    except PathError as e:
+        print(f"figures: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        print(f"figures: error: {e.strerror or e}" + (f": {e.filename}" if e.filename else "") +
+              "; nothing was written", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("figures: interrupted; nothing was written", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -26,14 +26,20 @@
 # and peers in one call to compare them.
 #   python     build the PyTorch extension (python/build_ext.py), then pytest python/tests
 #   gpt        the small GPT once per attention (sdpa rung6 rung7), 300 steps -> $OUT/gpt/
-# Environment: OUT (default ./out), BENCH_ARGS, PEER_ARGS, CTEST_ARGS (e.g. "-R 07"),
-# BUILD_TARGETS (targets the build stage makes beside all, in the same ninja run: e.g. the
-# on-demand fault builds, so that later stages only link),
+# Environment: OUT (default out/ in the repository; a relative OUT is taken from the calling
+# folder), BENCH_ARGS, PEER_ARGS, CTEST_ARGS (e.g. "-R 07"), BUILD_TARGETS (targets the build
+# stage makes beside all, in the same ninja run: e.g. the on-demand fault builds, so that later
+# stages only link),
 # LADDER_COMMIT (the commit the rows are stamped with; default: as the driver finds it, `git
 # rev-parse --short HEAD` with -dirty when tracked files have uncommitted changes, else
 # "unknown"), GPU_TAG (the results file's name; default from the GPU's name: h100, h200, else
 # gpu).
 set -uo pipefail
+# A relative OUT is the caller's, taken from the folder the script is called from (it then works
+# in the repository's root); unset, OUT is out/ in the repository.
+if [ -n "${OUT:-}" ]; then
+  case $OUT in /*) ;; *) OUT=$PWD/$OUT ;; esac
+fi
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
 if [ -z "${GPU_TAG:-}" ]; then

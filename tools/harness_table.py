@@ -9,11 +9,19 @@ margin every rung has under the rule the log was made with (below 1 passes).
 
     tools/harness_table.py LOG [LOG ...]          # one table, rows from every log
     tools/harness_table.py --label new A --label old B   # two rules side by side
-Exit status: 0, or 2 for a missing file or a log without verdict lines.
+Exit status: 0, or 2 for a missing or unreadable file (a link, a FIFO or a device is refused:
+tools/pathargs.py) or a log without verdict lines. Text from the logs (case names, variants) is
+escaped in the Markdown table.
 """
 import argparse
 import re
+import signal
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pathargs  # noqa: E402  (the path-argument rule of every tool)
+from pathargs import md_text  # noqa: E402
 
 VERDICT = re.compile(r"^\s*(?:\d+: )?\s*(pass|FAIL) (\S+) (fp64|fp32|fp16|bf16) (fwd\+bwd|fwd) \[([^\]]*)\]\s+(.*)$")
 STEP = re.compile(r"^\s*(?:\d+: )?step (\d\d_\w+): \d+ runs of shared cases")
@@ -24,9 +32,10 @@ def worst(path):
     """{(step, dtype, tensor): (ratio, case)} and the number of verdict lines."""
     rows, step, n = {}, "?", 0
     try:
-        lines = open(path, encoding="utf-8", errors="replace").read().splitlines()
-    except OSError as e:
-        sys.exit(f"harness_table.py: {path}: {e.strerror}")
+        lines = pathargs.read_bytes(path, "LOG").decode("utf-8", "replace").splitlines()
+    except pathargs.PathError as e:
+        print(f"harness_table.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
     for line in lines:
         m = STEP.match(line)
         if m:
@@ -44,12 +53,13 @@ def worst(path):
             if key not in rows or r > rows[key][0]:
                 rows[key] = (r, f"{case} [{variant}]")
     if n == 0:
-        print(f"harness_table.py: {path}: no harness verdict lines", file=sys.stderr)
+        print(f"harness_table.py: error: {path}: no harness verdict lines", file=sys.stderr)
         sys.exit(2)
     return rows
 
 
 def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the output quietly
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("logs", nargs="*", help="harness logs (one rule)")
     ap.add_argument("--label", nargs=2, action="append", metavar=("NAME", "LOG"),
@@ -67,15 +77,16 @@ def main():
         ap.error("give at least one log")
     keys = sorted(set().union(*[s.keys() for _, s in sets]),
                   key=lambda k: (k[0], k[1], ["O", "LSE", "dQ", "dK", "dV"].index(k[2])))
-    head = "| step | dtype | output | " + " | ".join(f"{n} (worst case)" for n, _ in sets) + " |"
+    head = ("| step | dtype | output | " + " | ".join(f"{md_text(n)} (worst case)" for n, _ in sets)
+            + " |")
     print(head)
     print("|" + "---|" * (3 + len(sets)))
     for k in keys:
         cells = []
         for _, s in sets:
             r = s.get(k)
-            cells.append("—" if r is None else f"{r[0]:.3f} ({r[1]})")
-        print(f"| {k[0]} | {k[1]} | {k[2]} | " + " | ".join(cells) + " |")
+            cells.append("—" if r is None else f"{r[0]:.3f} ({md_text(r[1])})")
+        print(f"| {md_text(k[0])} | {k[1]} | {k[2]} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -31,11 +31,15 @@ reference must have the variance that dropout at rate p gives, p/(1-p) * sum_j P
 does not support is skipped with its reason; one that fails its check is skipped with the
 error, and the exit status is then 1.
 
---csv appends rows (one flushed line each) of the results schema, header
+--csv adds rows of the results schema, header
   step,dtype,batch,heads,heads_kv,seq_q,seq_k,dim,causal,direction,ms,tflops,gbps,
   workspace_bytes,gpu,cuda,commit,dropout,density,run
 (a new file gets it; a file with another header is refused: one from before the run column is
-migrated once with tools/migrate_results.py). The run column is --run-id, else a fresh id per
+migrated once with tools/migrate_results.py). Each row is added as it is measured, by a locked
+read-merge-write (an flock of the file's folder, the file read as it is then, the row added, the
+whole renamed over it: tools/pathargs.py), so two writers at once lose no rows. The --csv path
+is checked before PyTorch or the device is asked for: an empty path, a symbolic link, a FIFO, a
+device or a folder is refused with exit status 2 on any machine. The run column is --run-id, else a fresh id per
 invocation; tools/gpu_check.sh gives the sweep and the peers of one call the same id, which is
 how tools/figures.py pairs a rung with the peers timed beside it. GB/s counts compulsory traffic:
 forward Q, K, V read and O written; backward Q, K, V, O, dO read and dQ, dK, dV written.
@@ -55,6 +59,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import pathargs  # noqa: E402  (the path-argument rule of every tool)
 COLUMNS_BEFORE_RUN = ("step,dtype,batch,heads,heads_kv,seq_q,seq_k,dim,causal,direction,ms,"
                       "tflops,gbps,workspace_bytes,gpu,cuda,commit,dropout,density")
 COLUMNS = COLUMNS_BEFORE_RUN + ",run"
@@ -218,49 +224,50 @@ def fresh_run_id():
 
 
 class ResultsCsv:
-    """Appends rows of the results schema, one whole line per write, flushed at once, so that a
-    run cut short leaves only whole rows. A new or empty file gets the header; an existing file
-    with another header is refused before anything is measured."""
+    """Adds rows of the results schema to a results file, each as soon as it is measured, by one
+    locked read-merge-write (tools/pathargs.py merge_csv: under an flock of the file's folder,
+    the file as it is now plus the row, renamed over it), so that a run cut short leaves only
+    whole rows and two writers at once (another peers.py, `ladder bench --csv`) lose none of
+    each other's. The path is checked when the object is made, before anything is measured: an
+    empty path, a link, a FIFO, a device or a folder is refused, and so is an existing file with
+    another header. A new or empty file gets the header with the first row."""
 
     def __init__(self, path):
-        self.path, self.rows, self.f = path, 0, None
-        if not path:
+        self.path, self.rows, self.new, self.p = path, 0, None, None
+        if path is None:
             return
-        p = Path(path)
-        new = not p.exists() or p.stat().st_size == 0
-        if not new:
-            with open(p, newline="", encoding="utf-8") as f:
-                first = f.readline().rstrip("\r\n")
-            if first == COLUMNS_BEFORE_RUN:
-                print(f"peers: {path} has the results schema from before the run column; "
-                      f"migrate it once with tools/migrate_results.py {path} (its rows get "
-                      "run = commit:<their commit>), then append", file=sys.stderr)
-                raise SystemExit(2)
-            if first != COLUMNS:
-                print(f"peers: {path} starts with\n  {first}\nnot the results schema\n  "
-                      f"{COLUMNS}\n(give a new file or one of this schema)", file=sys.stderr)
-                raise SystemExit(2)
-            with open(p, "rb") as f:
-                f.seek(-1, os.SEEK_END)
-                needs_newline = f.read(1) != b"\n"
-        p.parent.mkdir(parents=True, exist_ok=True)
-        self.f = open(p, "a", newline="", encoding="utf-8")
-        self.f.write(COLUMNS + "\n" if new else "\n" if needs_newline else "")
-        self.f.flush()
-        self.new = new
+        self.p = pathargs.output_file(path, "--csv")
+        if self.p.exists() and self.p.stat().st_size > 0:
+            self.check_header(pathargs.read_text(self.p, "--csv").split("\n", 1)[0].rstrip("\r"))
+
+    def check_header(self, first):
+        if first == COLUMNS_BEFORE_RUN:
+            raise pathargs.PathError(
+                f"--csv {self.path} has the results schema from before the run column; migrate "
+                f"it once with tools/migrate_results.py {self.path} (its rows get run = "
+                "commit:<their commit>), then append")
+        if first != COLUMNS:
+            raise pathargs.PathError(f"--csv {self.path} starts with\n  {first}\nnot the results "
+                                     f"schema\n  {COLUMNS}\n(give a new file or one of this "
+                                     "schema)")
 
     def add(self, fields):
-        if not self.f:
+        if not self.p:
             return
         buf = io.StringIO()
         csv.writer(buf, lineterminator="\n").writerow(fields)
-        self.f.write(buf.getvalue())  # one write of one whole line
-        self.f.flush()
+        self.p.parent.mkdir(parents=True, exist_ok=True)
+        new = pathargs.merge_csv(self.p, "--csv", COLUMNS, [buf.getvalue()], self.check_header)
+        if self.new is None:
+            self.new = new
         self.rows += 1
 
     def close(self):
-        if self.f:
-            self.f.close()
+        if not self.p:
+            return
+        if not self.rows:
+            print(f"peers: no row measured; {self.path} left as it was")
+        else:
             print(f"peers: {'wrote' if self.new else 'appended'} {self.rows} rows to {self.path}")
 
 
@@ -631,7 +638,21 @@ def main(argv=None):
         ap.error("--seed must be in [0, 2^64)")
     if args.run_id is not None and not RUN_ID.fullmatch(args.run_id):
         ap.error("--run-id must be 1 to 64 of A-Z a-z 0-9 . _ : + -")
+    try:
+        # The --csv target before the device: a bad path is exit 2 on any machine.
+        results = ResultsCsv(args.csv)
+    except pathargs.PathError as e:
+        print(f"peers: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        return measure(args, results)
+    except pathargs.PathError as e:  # the results file changed under the run (a link, ...)
+        print(f"peers: error: {e}; rows measured so far: {results.rows}", file=sys.stderr)
+        return 2
 
+
+def measure(args, results):
+    """Everything that needs torch and the device: the sweep, its rows into `results`."""
     global torch, F
     try:
         import torch as _torch
@@ -643,7 +664,6 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("peers: no CUDA device visible to PyTorch; nothing measured", file=sys.stderr)
         return 3
-    results = ResultsCsv(args.csv)  # refuses a file of another schema before any work
     commit = args.commit or default_commit()
     run_id = args.run_id or fresh_run_id()
     gpu, cuda = torch.cuda.get_device_name(), torch.version.cuda or "-"

@@ -24,12 +24,21 @@ dominates (the execution count that accounts for the most executed instructions;
     wraps round);
 and, for the other instructions, their samples by execution count (code run once per item, once
 per CTA, ...).
+
+A page that cannot be read (a truncated or corrupt .gz, not UTF-8, not CSV, not an ncu source
+page, a link, a FIFO or a device: tools/pathargs.py) is exit status 2 with a one-line error.
 """
 import argparse
 import collections
 import csv
-import gzip
+import io
+import signal
 import sys
+import zlib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pathargs  # noqa: E402  (the path-argument rule of every tool)
 
 KINDS = ("HGMMA", "STSM", "STS", "LDSM", "LDS", "BAR", "FENCE", "SYNCS", "MUFU", "WARPGROUP")
 SAMPLES, EXECUTED = "Warp Stall Sampling (All Samples)", "Instructions Executed"
@@ -44,21 +53,54 @@ def kind(source):
     return base if base in KINDS else "other"
 
 
+MAX_PAGE = 1 << 30  # the largest page read, after decompression
+
+
+def fail(message):
+    """A one-line error, exit status 2 (bad or unreadable input, never a traceback)."""
+    print(f"stalls.py: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def gunzip(data, limit=MAX_PAGE):
+    """The members of a gzip file, decompressed up to `limit` bytes; ValueError for a file
+    that is truncated, corrupt or larger than that."""
+    out, rest = [], data
+    while rest:
+        d = zlib.decompressobj(zlib.MAX_WBITS | 16)
+        try:
+            out.append(d.decompress(rest, limit + 1 - sum(map(len, out))))
+        except zlib.error as e:
+            raise ValueError(f"not a valid gzip file ({e})") from None
+        if sum(map(len, out)) > limit:
+            raise ValueError(f"larger than {limit} bytes once decompressed")
+        if not d.eof:
+            raise ValueError("truncated: the gzip stream ends before its last block")
+        rest = d.unused_data.lstrip(b"\0")
+    return b"".join(out)
+
+
 def load(path):
+    """The page's header and rows. Read by the path rule (tools/pathargs.py: no link, FIFO or
+    device); a .gz is decompressed in memory, checked to be whole."""
     try:
-        opener = gzip.open if path.endswith(".gz") else open
-        with opener(path, "rt", newline="", encoding="utf-8") as f:
-            rows = list(csv.reader(f))
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        sys.exit(f"stalls.py: cannot read {path}: {e}")
+        data = pathargs.read_bytes(path, "PAGE")
+        if str(path).endswith(".gz"):
+            data = gunzip(data)
+        text = data.decode("utf-8-sig")
+        rows = list(csv.reader(io.StringIO(text, newline="")))
+    except pathargs.PathError as e:
+        fail(f"cannot read {e}")
+    except (ValueError, csv.Error) as e:  # UnicodeDecodeError is a ValueError
+        fail(f"PAGE {path}: cannot read it: {e}")
     # The page starts with a "Kernel Name" row, then the header.
     start = next((i for i, r in enumerate(rows) if r and r[0] == "Address"), None)
     if start is None:
-        sys.exit(f"stalls.py: {path} has no 'Address' header row (not an ncu source page?)")
+        fail(f"PAGE {path}: has no 'Address' header row (not an ncu source page?)")
     head = rows[start]
     missing = [c for c in ("Source", SAMPLES, EXECUTED) if c not in head]
     if missing:
-        sys.exit(f"stalls.py: {path} lacks the columns {missing}")
+        fail(f"PAGE {path}: lacks the columns {', '.join(missing)}")
     return head, [dict(zip(head, r)) for r in rows[start + 1:] if len(r) == len(head)]
 
 
@@ -86,6 +128,7 @@ def phase_bounds(text, hot_rows, parser):
 
 
 def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the output quietly
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("page", help="NAME.sass.csv (or .gz) from SOURCE=1 tools/profile.sh")
     ap.add_argument("--hot", type=float, default=0.9,
@@ -100,7 +143,7 @@ def main():
         ap.error("--top is a count, 0 or more")
     head, rows = load(a.page)
     if not rows:
-        sys.exit(f"stalls.py: {a.page} has no instruction rows")
+        fail(f"PAGE {a.page}: has no instruction rows")
     reasons = [k for k in head if k.startswith("stall_") and "(Not Issued)" not in k]
     # The dominant loop: the execution count that accounts for the most executed instructions
     # (count x instructions with it); a spin loop's few instructions run more often.
@@ -109,7 +152,7 @@ def main():
         work[num(r[EXECUTED])] += num(r[EXECUTED])
     work.pop(0, None)
     if not work:
-        sys.exit(f"stalls.py: {a.page} has no executed instruction")
+        fail(f"PAGE {a.page}: has no executed instruction")
     most = work.most_common(1)[0][0]
     hot = [(i, r) for i, r in enumerate(rows) if num(r[EXECUTED]) >= a.hot * most]
     total = sum(num(r[SAMPLES]) for _, r in hot)
