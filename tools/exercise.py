@@ -482,13 +482,14 @@ def missing_folders(folder):
 # grade
 
 
-def run(cmd, capture=False, echo=True):
+def run(cmd, capture=False, echo=True, env=None):
     print("+ " + shlex.join(str(c) for c in cmd), flush=True)
+    env = dict(os.environ, **env) if env else None
     if not capture:
-        return subprocess.run([str(c) for c in cmd]).returncode, ""
+        return subprocess.run([str(c) for c in cmd], env=env).returncode, ""
     # Echo as it runs (a cold build takes a while) and keep the text to read the results from.
     p = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, errors="replace")
+                         stderr=subprocess.STDOUT, text=True, errors="replace", env=env)
     text = []
     for line in p.stdout:
         if echo:
@@ -540,6 +541,11 @@ class HarnessRun:
     label: str
     status: str  # pass, FAIL, TODO
     detail: list = field(default_factory=list)  # the indented lines after it
+    failing: list = field(default_factory=list)  # "O 2.1e-03 > 1.4e-03" for each tensor over
+
+
+# A verdict line's "NAME err/tol" pairs (tests/harness.cpp).
+ERROR_PAIR = re.compile(r"(\S+) ([-+0-9.eE]+|nan|inf)/([-+0-9.eE]+|nan|inf)")
 
 
 def harness_runs(text):
@@ -550,7 +556,12 @@ def harness_runs(text):
         line = re.sub(r"^\d+: ", "", line)
         m = re.match(r"^ {2}(pass|FAIL|TODO) (.*)$", line)
         if m:
-            runs.append(HarnessRun(m.group(2).split("  ")[0], m.group(1)))
+            label, _, errors = m.group(2).partition("  ")
+            run = HarnessRun(label, m.group(1))
+            for name, err, tol in ERROR_PAIR.findall(errors):
+                if not float(err) <= float(tol):  # NaN too
+                    run.failing.append(f"{name} {err} > {tol}")
+            runs.append(run)
             continue
         m = re.match(r"^ {4}((?:wrong result|this case exercises|not implemented): .*)$", line)
         if m and runs and runs[-1].status != "pass":
@@ -559,8 +570,30 @@ def harness_runs(text):
         [r for r in runs if r.label.startswith("bitwise:")]
 
 
-def grade_report(runs, todo):
-    """What failed, in the learner's terms: regions not written yet, or wrong results."""
+def changed_regions(step, copy):
+    """The regions whose code in the copy differs from the solution's: where a wrong result of
+    a copy can come from (the rest of the copy is the step's own code)."""
+    out = []
+    for r in step_regions(step):
+        mine = copy / r.path.relative_to(step.path)
+        try:
+            theirs = [x for x in parse_regions(mine) if x.name == r.name]
+        except (UsageError, OSError):
+            theirs = []
+        if not theirs:
+            out.append(r.name)  # markers gone or broken: the region cannot be compared
+            continue
+        a, b = read_lines(r.path), read_lines(mine)
+        code = lambda lines, x: [l.strip() for l in lines[x.solution[0]:x.solution[1]] if l.strip()]
+        if code(a, r) != code(b, theirs[0]):
+            out.append(r.name)
+    return out
+
+
+def grade_report(runs, todo, regions=()):
+    """What failed, in the learner's terms: regions not written yet, or wrong results (with
+    the regions whose code differs from the solution, and every tensor of the first failing
+    run that is over its tolerance)."""
     failed = [r for r in runs if r.status == "FAIL"]
     blank = [r for r in runs if r.status == "TODO"]
     lines = []
@@ -574,8 +607,12 @@ def grade_report(runs, todo):
                      "still LADDER_TODO: look for a trap or throw in your code")
     if failed:
         first = failed[0]
-        lines.append(f"wrong result in {len(failed)} of {len(runs)} runs; the first: "
+        where = (f" (your code in region{'s' if len(regions) > 1 else ''} "
+                 f"{', '.join(repr(r) for r in regions)})" if regions else "")
+        lines.append(f"wrong result in {len(failed)} of {len(runs)} runs{where}; the first: "
                      f"{first.label}")
+        if first.failing:
+            lines.append(f"  over tolerance: {'; '.join(first.failing)}")
         for d in first.detail:
             lines.append(f"  {d}")
         others = sorted({r.label.split(' ')[0] for r in failed[1:]} - {first.label.split(' ')[0]})
@@ -583,6 +620,34 @@ def grade_report(runs, todo):
             more = f" and {len(others) - 8} more" if len(others) > 8 else ""
             lines.append(f"  other failing cases: {', '.join(others[:8])}{more}")
     return lines
+
+
+def sanitize(step, build, jobs, verbose):
+    """compute-sanitizer's racecheck and synccheck on the copy's program, every variant
+    (tests/sanitize.sh with LADDER_SANITIZE_VARIANTS=all): a missing barrier can give right
+    numbers on one run and wrong ones on the next, so a GPU grade does not rest on results
+    alone. Returns (failed tool lines, not-run reason or "")."""
+    rc, _ = run(["cmake", "--build", build, "--target", step.name] + jobs)
+    if rc != 0:
+        return [f"the step program does not build for the sanitizers (exit status {rc})"], ""
+    rc, out = run(["ctest", "--test-dir", build, "-R",
+                   rf"^sanitizer\.(racecheck|synccheck)\.{step.nn}_", "-V", "--no-tests=error"],
+                  capture=True, echo=verbose, env={"LADDER_SANITIZE_VARIANTS": "all"})
+    failed, skipped = [], ""
+    for tool in ("racecheck", "synccheck"):
+        m = re.search(rf"Test +#\d+: sanitizer\.{tool}\.\S+ \.*\s*(\*\*\*)?(\w+)", out)
+        verdict = m.group(2) if m else "missing"
+        if verdict == "Skipped":
+            why = re.search(r"NOT RUN: (.*)", out)
+            skipped = why.group(1) if why else "compute-sanitizer did not run"
+        elif verdict != "Passed":
+            summary = re.findall(rf"(?:{tool.upper()} SUMMARY|ERROR SUMMARY): .*", out, re.I)
+            shape = re.findall(r"^\d+: \+ compute-sanitizer .*? (--seq-q .*?)(?: --backward)? "
+                               r"--repeats", out, re.M)
+            failed.append(f"sanitizer {tool}: FAIL" +
+                          (f" ({summary[0]})" if summary else f" ({verdict})") +
+                          (f"; runs: {shape[0]} ..." if shape else ""))
+    return failed, skipped
 
 
 def cmd_grade(args):
@@ -648,6 +713,22 @@ def cmd_grade(args):
         return EXIT_NOT_RUN
     by_hand = (f"run your copy by hand: cmake --build {rel(build)} --target {step.name} && "
                f"{rel(build)}/steps/{step.name} --help")
+    # On a GPU, racecheck and synccheck as well (not over blank regions: those trap by design).
+    races, no_sanitizer = [], ""
+    if gpu and not todo and runs:
+        races, no_sanitizer = sanitize(step, build, jobs, args.verbose)
+        if no_sanitizer:
+            print(f"(racecheck and synccheck not run: {no_sanitizer})")
+    if rc == 0 and runs and races:
+        print(f"FAIL: {step.name} from {rel(copy)}/: every one of {len(runs)} runs of the shared "
+              "cases gave the right result, but compute-sanitizer found a hazard:")
+        for line in races:
+            print(f"  {line}")
+        regions = changed_regions(step, copy)
+        if regions:
+            print(f"  (your code in: {', '.join(regions)}; a barrier missing or misplaced?)")
+        print(f"  ({by_hand}; every run: --verbose)")
+        return EXIT_FAIL
     if rc == 0 and not runs:  # a grade that ran no case has graded nothing
         print(f"FAIL: {step.name} from {rel(copy)}/: no case of the harness ran (ctest passed, "
               "but printed no per-run verdict), so nothing was graded; rerun with --verbose to "
@@ -655,11 +736,12 @@ def cmd_grade(args):
         return EXIT_FAIL
     if rc == 0:
         print(f"PASS: {step.name} from {rel(copy)}/: {len(runs)} runs of the shared cases "
-              "against the float64 oracle")
+              "against the float64 oracle" +
+              (", racecheck and synccheck clean" if gpu and not no_sanitizer else ""))
         return EXIT_OK
     if not args.verbose and not runs:
         sys.stdout.write(out)  # no per-run lines: show what ctest said
-    report = grade_report(runs, todo)
+    report = grade_report(runs, todo, changed_regions(step, copy)) + races
     print(f"FAIL: {step.name} from {rel(copy)}/ (ctest exit status {rc})")
     for line in report or ["the harness failed without a per-run verdict; rerun with "
                            "--verbose for its whole output"]:

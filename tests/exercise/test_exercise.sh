@@ -94,8 +94,10 @@ grep -q 'o\[size_t(c)\] += pij \* vj\[c\];' "$copy" || fail "could not plant the
 start=$SECONDS
 grade_fails grade-wrong.log
 echo "graded the changed copy in $((SECONDS - start)) s"
-has 'wrong result in [0-9]+ of [0-9]+ runs; the first: .*\[one-pass\]' "$scratch/grade-wrong.log" \
-  "grade did not name the first failing run"
+has "wrong result in [0-9]+ of [0-9]+ runs \\(your code in region 'online-update'\\); the first: .*\\[one-pass\\]" \
+  "$scratch/grade-wrong.log" "grade did not name the region and the first failing run"
+has 'over tolerance: O [-+0-9.e]+ > [-+0-9.e]+' "$scratch/grade-wrong.log" \
+  "grade did not list the first failing run's tensors over tolerance"
 has 'O error .* > tol' "$scratch/grade-wrong.log" "grade did not give the error and tolerance"
 has 'this case exercises: ' "$scratch/grade-wrong.log" "grade did not say what the case exercises"
 grep -q 'not implemented' "$scratch/grade-wrong.log" && fail "a wrong result was called blank"

@@ -38,7 +38,7 @@ if [ $rc -ne 1 ]; then
   echo "FAIL: the grade of a barrier-less smem-staging answer exited $rc, not 1 (FAIL)"
   exit 1
 fi
-if ! grep -q 'racecheck' "$scratch/grade.log"; then
+if ! grep -q 'sanitizer racecheck: FAIL' "$scratch/grade.log"; then
   echo "FAIL: the grade failed, but racecheck did not report the missing barriers"
   exit 1
 fi
