@@ -312,6 +312,23 @@ void check_gradient_sums(const Problem& p, const Inputs& in, const Outputs& got,
 }
 }  // namespace
 
+// The LSE floor's tensor-core term. A 16-bit kernel forms S on tensor cores, which add each
+// k-step's 16 products to the fp32 accumulator and may truncate there rather than round: S, and
+// LSE, which follows the row's largest scores, can then be off by about one fp32 unit of |S| per
+// k-step, in one direction. The yardstick's round-to-nearest sums cannot show that bias (it
+// averages out over the keys); measured on the H100, fp16 at d = 128 puts about 5e-6 into LSE
+// at every length (notes/results/trust-h100). The term: ceil(d / 16) u_32 max|LSE| (|LSE| stands
+// for the row's largest |S|), for fp16 and bf16 only.
+namespace {
+double lse_accumulation(const Problem& p, const Tensor& lse_ref) {
+  if (p.dtype != DType::f16 && p.dtype != DType::bf16) return 0.0;
+  double largest = 0;
+  for (double x : lse_ref.data)
+    if (std::isfinite(x)) largest = std::max(largest, std::fabs(x));
+  return double((p.dim + 15) / 16) * unit_roundoff(DType::f32) * largest;
+}
+}  // namespace
+
 CheckReport judge(const Problem& p, const Inputs& in, const Outputs& got, const Reference& r) {
   CheckReport rep;
   rep.mode = r.mode;
@@ -353,7 +370,7 @@ CheckReport judge(const Problem& p, const Inputs& in, const Outputs& got, const 
   };
   const Outputs &ref = r.ref, &plain = r.plain;
   check("O", step.o, ref.o, plain.o, 2.0, u, 0.0, r.rows);
-  check("LSE", step.lse, ref.lse, plain.lse, 2.0, u_acc, 0.0, r.rows);
+  check("LSE", step.lse, ref.lse, plain.lse, 2.0, u_acc, lse_accumulation(p, ref.lse), r.rows);
   if (p.backward) {
     check("dQ", step.dq, ref.dq, plain.dq, 3.0, u, r.cancel, r.rows);
     check("dK", step.dk, ref.dk, plain.dk, 3.0, u, r.cancel, r.keys);

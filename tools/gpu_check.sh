@@ -29,7 +29,8 @@
 # Environment: OUT (default out/ in the repository; a relative OUT is taken from the calling
 # folder), BENCH_ARGS, PEER_ARGS, CTEST_ARGS (e.g. "-R 07"), BUILD_TARGETS (targets the build
 # stage makes beside all, in the same ninja run: e.g. the on-demand fault builds, so that later
-# stages only link),
+# stages only link), BUILD_ALL (default 1; empty: only BUILD_TARGETS), HARNESS_REGEX (default
+# '^harness\.'),
 # LADDER_COMMIT (the commit the rows are stamped with; default: as the driver finds it, `git
 # rev-parse --short HEAD` with -dirty when tracked files have uncommitted changes, else
 # "unknown"), GPU_TAG (the results file's name; default from the GPU's name: h100, h200, else
@@ -51,6 +52,7 @@ if [ -z "${GPU_TAG:-}" ]; then
 fi
 mkdir -p "$OUT"
 stages=${*:-build test sanitize ceilings bench peers}
+BUILD_ALL=${BUILD_ALL-1}
 # The commit by the driver's rule (tools/ladder.cpp, source_commit), found once so that the
 # ceilings, the sweep and the peers of this call carry the same string.
 if [ -z "${LADDER_COMMIT:-}" ]; then
@@ -75,7 +77,7 @@ for stage in $stages; do
     build)
       { cmake -S . -B build-gpu -G Ninja -DCMAKE_PREFIX_PATH="$PWD/.deps" \
           -DCMAKE_BUILD_TYPE=Release -DLADDER_WERROR=ON &&
-          cmake --build build-gpu -j "$(nproc)" --target all ${BUILD_TARGETS:-}; } \
+          cmake --build build-gpu -j "$(nproc)" --target ${BUILD_ALL:+all} ${BUILD_TARGETS:-}; } \
         >"$OUT/build.log" 2>&1 ||
         { tail -40 "$OUT/build.log"; log "build FAILED"; exit 1; }
       grep -E "C75[0-9][0-9]|spill" "$OUT/build.log" | head -5 | tee -a "$OUT/summary.log"
@@ -96,7 +98,8 @@ for stage in $stages; do
         head -10 | tee -a "$OUT/summary.log"
       ;;
     harness)
-      ctest --test-dir build-gpu -L gpu -R '^harness\.' -V -j 1 --timeout "${HARNESS_TIMEOUT:-900}" \
+      ctest --test-dir build-gpu -L gpu -R "${HARNESS_REGEX:-^harness\.}" -V -j 1 \
+        --timeout "${HARNESS_TIMEOUT:-900}" \
         >"$OUT/harness.log" 2>&1 || status=1
       log "harness: $(grep -E 'tests passed|tests failed' "$OUT/harness.log" || echo see log)"
       grep -E '^[0-9]+: step .*: [0-9]+ pass|^[0-9]+:   FAIL ' "$OUT/harness.log" | head -20 |
