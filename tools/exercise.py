@@ -450,7 +450,11 @@ def leaked_lines(text, solutions):
     out = []
     for i, line in enumerate(text.splitlines()):
         n = norm_code(line)
-        names = sorted({x for t, names in solutions.items() if t in n for x in names})
+        # A script may quote a line as a regular expression (sed 's/a \* b\[c\]/.../'): read
+        # it without the backslashes too.
+        bare = n.replace("\\", "")
+        names = sorted({x for t, names in solutions.items() if t in n or t in bare
+                        for x in names})
         if names:
             out.append((i + 1, names))
     return out
@@ -651,6 +655,10 @@ def missing_folders(folder):
 HANDOUT_TOP = ("CMakeLists.txt", "LICENSE", "README.md", ".clang-format", "common", "docs",
                "reference", "runner", "steps", "tests", "tools")
 HANDOUT_RESULTS = ("h100.csv", "h200.csv", "ceilings.csv")
+# The exercise tests that work from the solutions (the round trip pastes step 02's back and
+# plants a mistake in it, naming solution lines; the race test strips the barriers from step
+# 05's): they cannot pass on a handout's blank steps, and the round trip quotes solution code.
+HANDOUT_OMIT = ("tests/exercise/test_exercise.sh", "tests/exercise/test_race.sh")
 HANDOUT_SKIP = re.compile(r"^(build.*|exercises|__pycache__|\.deps|out)$|\.pyc$")
 
 
@@ -697,6 +705,8 @@ def cmd_export(args):
                 shutil.copytree(src, out / top, ignore=skip, symlinks=True)
             elif src.is_file():
                 shutil.copy2(src, out / top)
+        for name in HANDOUT_OMIT:
+            (out / name).unlink(missing_ok=True)
         for step, regions in everything:  # every region blanked, the READMEs replaced
             if regions:
                 blank_step(step, regions, out / "steps" / step.name)
@@ -775,7 +785,9 @@ def handout_readme(figures, redacted):
         "tuning history, which quotes code): a note's link to one of them leads nowhere here. "
         f"The measurements stay: `notes/results/{'`, `notes/results/'.join(HANDOUT_RESULTS)}`, "
         "which the grade's speed line, `tools/figures.py` and the notes read;",
-        "- `python/` (the PyTorch binding of the solved kernels).", "",
+        "- `python/` (the PyTorch binding of the solved kernels);",
+        f"- the exercise tests that work from the solutions ({', '.join(HANDOUT_OMIT)}): the "
+        "slow `exercise.roundtrip` and the GPU `exercise.racecheck`, which cannot run here.", "",
         "Since `steps/` is blank, `build/ladder compare` and the `harness.*`, `fault.*` and "
         "`sanitizer.*` tests fail or stop at `not implemented` here, as do the checks that "
         "compare the notes with the full repository (`notes.refs`, `step.readmes`): grade with "
@@ -1195,6 +1207,15 @@ def cmd_diff(args):
                          f"create {step.nn})")
     names = sorted({p.relative_to(step.path) for p in step.path.rglob("*") if p.is_file()} |
                    {p.relative_to(copy) for p in copy.rglob("*") if p.is_file()})
+    # The copy's README.md is the exercise sheet create wrote in place of the step's (which
+    # describes the solution): not a change of the learner's.
+    sheet = Path("README.md")
+    try:
+        is_sheet = (copy / sheet).read_text(encoding="utf-8").startswith("# Exercise:")
+    except (OSError, UnicodeDecodeError):
+        is_sheet = False
+    if is_sheet:
+        names.remove(sheet)
     changed = 0
     for name in names:
         a, b = step.path / name, copy / name
@@ -1218,7 +1239,8 @@ def cmd_diff(args):
                 sys.stdout.write(line if line.endswith("\n") else line + "\n\\ No newline at "
                                  "end of file\n")
     if changed == 0:
-        print(f"{rel(copy)}/ is identical to the solution {rel(step.path)}/")
+        print(f"{rel(copy)}/ is identical to the solution {rel(step.path)}/" +
+              (" (its README.md, the exercise sheet, is not compared)" if is_sheet else ""))
     return EXIT_OK
 
 

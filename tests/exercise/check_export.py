@@ -92,7 +92,8 @@ else:
             text = (hand / r.path.relative_to(src)).read_text(encoding="utf-8")
             if f'LADDER_TODO("{r.name}");' not in text:
                 fail(f"export: region {step.nn}:{r.name} is not blank in the handout")
-    for gone in (".git", ".ci", "python", "notes/results/cpu_log.md", "notes/results/05_log.md"):
+    for gone in (".git", ".ci", "python", "notes/results/cpu_log.md", "notes/results/05_log.md",
+                 "tests/exercise/test_exercise.sh"):
         if (hand / gone).exists():
             fail(f"export: {gone} is in the handout")
     logs = [f for f in (hand / "notes" / "results").rglob("*") if f.suffix != ".csv"]
