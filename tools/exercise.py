@@ -23,6 +23,15 @@ the same harness grades it.
   tools/exercise.py grade 2                   build the copy and run its tests: PASS or FAIL
   tools/exercise.py diff 2                    the copy against the solution
   tools/exercise.py create 2 --force          start over (the old copy is kept in a backup)
+  tools/exercise.py export handout/           a handout: every step blanked, the notes, the
+                                              harness and the build; no solution, no history
+
+Each step's regions are graded on the hardware that runs the step's tests: the CPU (steps 01,
+02), a CUDA GPU (03-06) or a Hopper GPU (07, sm_90a); `list`, the table and `create` say which.
+A copy's README.md is an exercise sheet (the step's README describes the solution), and any other
+copied text that quotes a region's solution line has that line replaced. After a PASS, `grade`
+times the copy's default variant at one problem (SPEED_POINT) and prints its TFLOP/s beside the
+GPU's measured ceiling and the solution's committed figure (--no-timing: not at all).
 
 --dir may not be steps/ or a folder inside it. Only folders this tool made are ever removed.
 
@@ -33,6 +42,8 @@ new, empty, or one an earlier grade configured (its CMakeCache.txt names this re
 sets LADDER_EXERCISES); the main build (build/), a build of another tree, the repository itself
 and any other folder holding files are refused, never reconfigured. A create that fails (a full
 disk, a folder that cannot be written) says why in one line and leaves no folder it made.
+`export DIR` writes only into a new or empty DIR, outside steps/, and writes nothing if any file
+of the handout would quote a solution line.
 Exit status: 0 ok (grade: PASS: at least one case ran, every one passed), 1
 grade FAIL (list --check: the table is stale), 2 bad use, 3 the grade could not run here (a GPU step with no CUDA device or toolkit).
 """
@@ -208,11 +219,37 @@ def unrated(regions):
     return out
 
 
+def step_flags(step):
+    """The flags steps/CMakeLists.txt registers the step with (ladder_add_step(NN_name CUDA
+    SM90A ... SOURCES ...)): the words between the name and SOURCES."""
+    text = (STEPS / "CMakeLists.txt").read_text(encoding="utf-8")
+    m = re.search(rf"ladder_add_step\(\s*{re.escape(step.name)}\b(.*?)\bSOURCES\b", text, re.S)
+    return set(m.group(1).split()) if m else set()
+
+
 def is_gpu_step(step):
     """A CUDA rung has .cu sources, or is registered as ladder_add_step(NN_name CUDA ...)."""
-    text = (STEPS / "CMakeLists.txt").read_text(encoding="utf-8")
-    registered = re.search(rf"ladder_add_step\(\s*{re.escape(step.name)}\s+CUDA\b", text)
-    return registered is not None or any(step.path.rglob("*.cu"))
+    return "CUDA" in step_flags(step) or any(step.path.rglob("*.cu"))
+
+
+# What grades a step's regions, by the step's kind: its tests run on the CPU, on any CUDA GPU
+# the build targets, or only on a Hopper GPU (the SM90A flag: wgmma, setmaxnreg and TMA exist
+# only for sm_90a).
+HARDWARE = {"cpu": "CPU", "gpu": "CUDA GPU", "hopper": "Hopper GPU (sm_90a)"}
+HARDWARE_NEEDS = {
+    "cpu": "a CPU: the C++ compiler and CMake (no CUDA toolkit, no GPU)",
+    "gpu": "an NVIDIA GPU and the CUDA toolkit (nvcc); without a GPU the copy is compiled but "
+           "not graded (exit status 3)",
+    "hopper": "a Hopper GPU (H100 or H200, sm_90a) and CUDA 12.0 or later; on another GPU, or "
+              "none, it cannot be graded (exit status 3)",
+}
+
+
+def step_hardware(step):
+    """'cpu', 'gpu' or 'hopper': what runs the step's tests, hence grades its regions."""
+    if "SM90A" in step_flags(step):
+        return "hopper"
+    return "gpu" if is_gpu_step(step) else "cpu"
 
 
 def rel(path):
@@ -282,9 +319,10 @@ def cmd_list(args):
     for step in steps():
         regions = step_regions(step)
         everything += regions
-        kind = "GPU" if is_gpu_step(step) else "CPU"
+        kind = f"graded on: {HARDWARE[step_hardware(step)]}"
         if step.number in NO_EXERCISE and not regions:
-            print(f"{step.name} ({kind}): no exercise regions: {NO_EXERCISE[step.number]}")
+            print(f"{step.name} ({HARDWARE[step_hardware(step)]}): no exercise regions: "
+                  f"{NO_EXERCISE[step.number]}")
             continue
         print(f"{step.name} ({kind}): " +
               (f"{len(regions)} region(s)" if regions else "no exercise regions yet"))
@@ -299,16 +337,18 @@ def cmd_list(args):
 
 def markdown_table():
     """The exercises as a Markdown table (notes/EXERCISES.md keeps a copy between markers)."""
-    rows = ["| step | region | difficulty | the concept it checks | file |",
-            "|---|---|---|---|---|"]
+    rows = ["| step | region | difficulty | the concept it checks | graded on | file |",
+            "|---|---|---|---|---|---|"]
     for step in steps():
         regions = step_regions(step)
+        hardware = HARDWARE[step_hardware(step)]
         if not regions and step.number in NO_EXERCISE:
-            rows.append(f"| {step.name} | none | | a derivation instead: see \"Step 00\" below | |")
+            rows.append(f"| {step.name} | none | | a derivation instead: see \"Step 00\" below "
+                        "| by hand | |")
         for r in regions:
             concept = (r.concept.rstrip(".") or "(not rated yet)").replace("|", "\\|")
             rows.append(f"| {step.name} | `{r.name}` | {r.difficulty or '?'} | {concept} | "
-                        f"[`{r.path.name}`](../{rel(r.path)}) |")
+                        f"{hardware} | [`{r.path.name}`](../{rel(r.path)}) |")
     return "\n".join(rows) + "\n"
 
 
@@ -356,6 +396,131 @@ def exercise_text(lines, regions):
         i = last  # resume at the END marker
     out += lines[i:]
     return "".join(out)
+
+
+# A solution line counts as given away when a copied text quotes it: a code line of a region's
+# solution, whitespace collapsed, at least this long, and neither a comment, a preprocessor line
+# (#pragma unroll) nor bare punctuation. Shorter lines (`break;`, `}`) say nothing on their own.
+MIN_SOLUTION_LINE = 16
+
+
+def norm_code(line):
+    return re.sub(r"\s+", " ", line.strip())
+
+
+# The source folders whose code a learner sees whole (a step's code outside its regions too).
+CODE_FOLDERS = ("common", "reference", "runner", "steps", "tests", "tools")
+
+
+def code_outside_regions():
+    """The set of every code line of the repository's sources that is not inside a region's
+    solution, normalised: a line there is no secret (a loop header, a launch check, the oracle's own
+    arithmetic), whichever region also has it."""
+    seen = set()
+    for top in CODE_FOLDERS:
+        for f in source_files(ROOT / top):
+            lines = read_lines(f)
+            inside = set()
+            if f.is_relative_to(STEPS):
+                for r in parse_regions(f):
+                    inside.update(range(*r.solution))
+            seen.update(norm_code(l) for i, l in enumerate(lines) if i not in inside)
+    return seen
+
+
+def solution_lines(regions):
+    """The lines that give a region's solution away: its code lines, whitespace collapsed, at
+    least MIN_SOLUTION_LINE long, not comments or preprocessor lines, and found nowhere in the
+    sources outside the regions. Normalised text -> region names."""
+    # One string of every shared line: a solution line found in it (a line of its own or a
+    # part of one) is no secret.
+    out, shared = {}, "\n".join(sorted(code_outside_regions()))
+    for r in regions:
+        lines = read_lines(r.path)
+        for line in lines[r.solution[0]:r.solution[1]]:
+            t = norm_code(line)
+            if len(t) >= MIN_SOLUTION_LINE and not t.startswith(("//", "#", "/*", "*")) and \
+                    t not in shared:
+                out.setdefault(t, []).append(r.name)
+    return out
+
+
+def leaked_lines(text, solutions):
+    """The lines of `text` that quote a solution line: [(line number, region names)]."""
+    out = []
+    for i, line in enumerate(text.splitlines()):
+        n = norm_code(line)
+        # A script may quote a line as a regular expression (sed 's/a \* b\[c\]/.../'): read
+        # it without the backslashes too.
+        bare = n.replace("\\", "")
+        names = sorted({x for t, names in solutions.items() if t in n or t in bare
+                        for x in names})
+        if names:
+            out.append((i + 1, names))
+    return out
+
+
+def redact(text, solutions):
+    """`text` with every line that quotes a solution line replaced by a note saying whose; the
+    number of lines replaced."""
+    lines = text.splitlines(keepends=True)
+    leaks = dict(leaked_lines(text, solutions))
+    for i, names in leaks.items():
+        eol = "\n" if lines[i - 1].endswith("\n") else ""
+        indent = re.match(r"^[ \t>]*", lines[i - 1]).group(0)
+        lines[i - 1] = (f"{indent}(a line of the solution of region "
+                        f"{', '.join(repr(n) for n in names)}, left out of this copy){eol}")
+    return "".join(lines), len(leaks)
+
+
+def exercise_readme(step, regions):
+    """The README of an exercise copy. The step's own README describes the solution (step 02's
+    names the rescale factor its regions compute), so the copy gets this one instead: what to
+    write, what grades it, where to read."""
+    note = ROOT / "notes" / f"{step.name}.md"
+    lines = [f"# Exercise: step {step.name}", "",
+             f"Your copy of `steps/{step.name}/` with {len(regions)} exercise region(s) "
+             "blanked to `LADDER_TODO`. The step's own README describes the solution, so it is "
+             "not in this copy: read the note"
+             + (f", [notes/{note.name}](../../notes/{note.name})" if note.is_file() else "")
+             + ", then the concept and the hint in each region.", "",
+             "| region | difficulty | file | the concept it checks |", "|---|---|---|---|"]
+    for r in regions:
+        concept = (r.concept.rstrip(".") or "(not rated yet)").replace("|", "\\|")
+        lines.append(f"| `{r.name}` | {r.difficulty or '?'} | `{r.path.relative_to(step.path)}` "
+                     f"| {concept} |")
+    lines += ["", f"Graded on: {HARDWARE[step_hardware(step)]}. Grading needs "
+              f"{HARDWARE_NEEDS[step_hardware(step)]}.", "",
+              "```sh", f"tools/exercise.py grade {step.nn}    # PASS or FAIL, and why",
+              f"tools/exercise.py diff {step.nn}     # your copy against the step it was made "
+              "from", "```", ""]
+    return "\n".join(lines)
+
+
+def blank_step(step, regions, tmp):
+    """Writes into `tmp` (a copy of the step folder) each file of `regions` blanked, the README
+    replaced by exercise_readme, and every other text file with any line that quotes a solution
+    line of the step's regions redacted. Returns the redacted files (relative paths)."""
+    for src in sorted({r.path for r in regions}):
+        mine = [r for r in regions if r.path == src]
+        with open(tmp / src.relative_to(step.path), "w", encoding="utf-8", newline="") as f:
+            f.write(exercise_text(read_lines(src), mine))
+    readme = tmp / "README.md"
+    if readme.exists():
+        readme.write_text(exercise_readme(step, regions), encoding="utf-8")
+    solutions = solution_lines(regions)
+    redacted = []
+    for f in sorted(p for p in tmp.rglob("*") if p.is_file() and p.suffix not in SOURCE_SUFFIXES
+                    and p != readme):
+        try:
+            text = f.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        new, n = redact(text, solutions)
+        if n:
+            f.write_text(new, encoding="utf-8")
+            redacted.append(f.relative_to(tmp))
+    return redacted
 
 
 def check_exercise_dir(root, dest):
@@ -411,10 +576,7 @@ def cmd_create(args):
             raise UsageError(f"cannot copy {rel(first[0])} to {rel(dest)}/: "
                              f"{m.group(1) if m else first[2]}{more}; nothing was "
                              "created") from None
-        for src in sorted({r.path for r in regions}):
-            mine = [r for r in regions if r.path == src]
-            with open(tmp / src.relative_to(step.path), "w", encoding="utf-8", newline="") as f:
-                f.write(exercise_text(read_lines(src), mine))
+        blank_step(step, regions, tmp)
         if dest.exists():
             backup = root / ".backup" / f"{step.name}.{time.strftime('%Y%m%d-%H%M%S')}"
             n = 1
@@ -452,6 +614,9 @@ def cmd_create(args):
               f"{rel(dest / r.path.relative_to(step.path))}:{r.begin + 1}")
         if r.concept:
             print(f"  {'':<24} concept: {r.concept}")
+    print(f"graded on: {HARDWARE[step_hardware(step)]}: grading this copy needs "
+          f"{HARDWARE_NEEDS[step_hardware(step)]}")
+    print(f"  (its README.md is an exercise sheet: the step's own README describes the solution)")
     print("next:")
     print("  edit each region: replace LADDER_TODO(...) with your code")
     print(f"  {shell_args('tools/exercise.py grade', step.nn, opt_dir)}"
@@ -476,6 +641,160 @@ def missing_folders(folder):
         missing.insert(0, folder)
         folder = folder.parent
     return missing
+
+
+# ---------------------------------------------------------------------------------------------
+# export
+
+# What a handout holds, from the repository root: the CMake tree and every layer the grade
+# builds or runs (common/ reference/ runner/ steps/ tests/ tools/), the contract, the notes.
+# Left out: .git (history), .ci/ (this repository's CI), python/ (the PyTorch binding of the
+# solved kernels, no part of a grade), build folders and exercise copies, and the logs in
+# notes/results/ (the tuning history, which quotes code; the CSVs stay: the grade's speed
+# comparison, figures.py and the notes' tagged numbers read them).
+HANDOUT_TOP = ("CMakeLists.txt", "LICENSE", "README.md", ".clang-format", "common", "docs",
+               "reference", "runner", "steps", "tests", "tools")
+HANDOUT_RESULTS = ("h100.csv", "h200.csv", "ceilings.csv")
+# The exercise tests that work from the solutions (the round trip pastes step 02's back and
+# plants a mistake in it, naming solution lines; the race test strips the barriers from step
+# 05's): they cannot pass on a handout's blank steps, and the round trip quotes solution code.
+HANDOUT_OMIT = ("tests/exercise/test_exercise.sh", "tests/exercise/test_race.sh")
+HANDOUT_SKIP = re.compile(r"^(build.*|exercises|__pycache__|\.deps|out)$|\.pyc$")
+
+
+def handout_leaks(folder, solutions):
+    """Every text file under `folder` (sources outside steps/ included) with a line that quotes
+    a region's solution line: [(path, line, region names)]. Under steps/, the LADDER_TODO
+    copies are held to the same rule."""
+    out = []
+    for f in sorted(folder.rglob("*")):
+        if not f.is_file():
+            continue
+        try:
+            text = f.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        for line, names in leaked_lines(text, solutions):
+            out.append((f, line, names))
+    return out
+
+
+def cmd_export(args):
+    dest = from_root(args.dir, "DIR")
+    r = dest.resolve()
+    if r == ROOT.resolve() or r in ROOT.resolve().parents or STEPS.resolve() in (r, *r.parents):
+        raise UsageError(f"DIR {args.dir}: is the repository, a folder above it or inside "
+                         "steps/; give a new or empty folder of its own")
+    if dest.exists() and any(dest.iterdir()):
+        raise UsageError(f"DIR {args.dir}: exists and is not empty; give a new or empty folder "
+                         "(a handout is written whole, never over other files)")
+    everything = [(s, step_regions(s)) for s in steps()]
+    solutions = solution_lines([r for _, regions in everything for r in regions])
+    skip = lambda d, names: [n for n in names if HANDOUT_SKIP.search(n) or
+                             (Path(d) / n).resolve() == r]
+    made = missing_folders(dest)
+    work = None
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+        out = work / "handout"
+        out.mkdir()
+        for top in HANDOUT_TOP:
+            src = ROOT / top
+            if src.is_dir():
+                shutil.copytree(src, out / top, ignore=skip, symlinks=True)
+            elif src.is_file():
+                shutil.copy2(src, out / top)
+        for name in HANDOUT_OMIT:
+            (out / name).unlink(missing_ok=True)
+        for step, regions in everything:  # every region blanked, the READMEs replaced
+            if regions:
+                blank_step(step, regions, out / "steps" / step.name)
+        (out / "notes" / "results").mkdir(parents=True)
+        for md in sorted((ROOT / "notes").glob("*.md")):
+            shutil.copy2(md, out / "notes" / md.name)
+        for name in HANDOUT_RESULTS:
+            if (ROOT / "notes" / "results" / name).is_file():
+                shutil.copy2(ROOT / "notes" / "results" / name, out / "notes" / "results" / name)
+        # The figures a copied Markdown file shows or links (notes/figures/NAME).
+        texts = [f.read_text(encoding="utf-8") for f in out.rglob("*.md")]
+        shown = r"figures/([\w.+-]+\.(?:svg|png))"
+        figures = sorted({m for t in texts for m in re.findall(shown, t)})
+        for name in figures:
+            if (ROOT / "notes" / "figures" / name).is_file():
+                (out / "notes" / "figures").mkdir(exist_ok=True)
+                shutil.copy2(ROOT / "notes" / "figures" / name, out / "notes" / "figures" / name)
+        # Text outside steps/ (the notes, EXERCISES.md's marking example) may quote a solution:
+        # each such line is replaced, saying whose.
+        redacted = []
+        for f in sorted(out.rglob("*")):
+            if f.is_file() and f.suffix in (".md", ".txt") and "steps" not in \
+                    f.relative_to(out).parts[:1]:
+                text = f.read_text(encoding="utf-8")
+                new, n = redact(text, solutions)
+                if n:
+                    f.write_text(new, encoding="utf-8")
+                    redacted.append(f"{f.relative_to(out)} ({n} line{'s' * (n > 1)})")
+        (out / "HANDOUT.md").write_text(handout_readme(figures, redacted), encoding="utf-8")
+        leaks = handout_leaks(out, solutions)
+        if leaks:
+            for f, line, names in leaks[:20]:
+                print(f"  {f.relative_to(out)}:{line}: quotes the solution of "
+                      f"{', '.join(names)}", file=sys.stderr)
+            raise UsageError(f"the handout would give away {len(leaks)} solution line(s) "
+                             "(listed above); nothing was written")
+        if dest.exists():
+            dest.rmdir()  # empty, checked above
+        os.rename(out, dest)
+    except OSError as e:
+        raise UsageError(f"cannot write the handout {args.dir}: {e.strerror or e}"
+                         + (f": {rel(e.filename)}" if e.filename else "") +
+                         "; nothing was written") from None
+    finally:
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+        if not dest.exists():
+            for folder in reversed(made):
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+    n = sum(len(regions) for _, regions in everything)
+    print(f"wrote the handout {args.dir}/: {len([s for s, rg in everything if rg])} steps with "
+          f"their {n} regions blanked, the notes, {len(figures)} figures, the harness and the "
+          "build; no solution, no history (HANDOUT.md says what was left out)")
+    for line in redacted:
+        print(f"  redacted a quoted solution line in {line}")
+    print(f"a learner: cd {args.dir} && tools/bootstrap.sh && tools/exercise.py create 2 && "
+          "tools/exercise.py grade 2")
+    return EXIT_OK
+
+
+def handout_readme(figures, redacted):
+    return "\n".join([
+        "# This is a handout of the attention ladder", "",
+        "Made by `tools/exercise.py export`: every step's exercise regions are blanked to "
+        "`LADDER_TODO` in `steps/` itself, and each step's README is an exercise sheet (the "
+        "original describes the solution). Work as the README and notes/EXERCISES.md say: "
+        "`tools/exercise.py create N` copies a step to `exercises/`, "
+        "`tools/exercise.py grade N` grades the copy against the float64 oracle.", "",
+        "What is left out, and why:", "",
+        "- the solutions: every region's code (no line of it is anywhere in this folder; the "
+        "export checks);",
+        "- the history: `.git`, the CI scripts (`.ci/`), and the logs of `notes/results/` (the "
+        "tuning history, which quotes code): a note's link to one of them leads nowhere here. "
+        f"The measurements stay: `notes/results/{'`, `notes/results/'.join(HANDOUT_RESULTS)}`, "
+        "which the grade's speed line, `tools/figures.py` and the notes read;",
+        "- `python/` (the PyTorch binding of the solved kernels);",
+        f"- the exercise tests that work from the solutions ({', '.join(HANDOUT_OMIT)}): the "
+        "slow `exercise.roundtrip` and the GPU `exercise.racecheck`, which cannot run here.", "",
+        "Since `steps/` is blank, `build/ladder compare` and the `harness.*`, `fault.*` and "
+        "`sanitizer.*` tests fail or stop at `not implemented` here, as do the checks that "
+        "compare the notes with the full repository (`notes.refs`, `step.readmes`): grade with "
+        "`tools/exercise.py grade`, not ctest.", "",
+        f"{len(figures)} figures (the ones the notes show)."
+        + (" Lines that quoted a solution were replaced in: " + "; ".join(redacted) + "."
+           if redacted else ""), ""])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -650,6 +969,130 @@ def sanitize(step, build, jobs, verbose):
     return failed, skipped
 
 
+# The one problem a passing copy is timed at, per step: the point notes/COURSE.md quotes the
+# solution's speed at (batch x seq = 16384 tokens, heads x dim = 2048 on the GPU, the flash-
+# attention shapes of notes/results; on the CPU the problem of results/cpu_log.md). Forward,
+# not causal, the step's default variant. The ceiling is the measured peak of that kind of
+# arithmetic in notes/results/ceilings.csv.
+SPEED_POINT = {  # step: (dtype, batch, heads, seq, dim, ceiling)
+    "01": ("fp32", 1, 4, 1024, 64, None), "02": ("fp32", 1, 4, 1024, 64, None),
+    "03": ("fp32", 16, 32, 1024, 64, "fp32_ffma"), "04": ("fp32", 16, 32, 1024, 64, "fp32_ffma"),
+    "05": ("fp32", 4, 32, 4096, 64, "fp32_ffma"), "06": ("bf16", 4, 32, 4096, 64, "mma_sync_bf16"),
+    "07": ("bf16", 4, 32, 4096, 64, "wgmma_bf16"),
+}
+RESULTS = ROOT / "notes" / "results"
+
+
+def gpu_name():
+    """The first GPU nvidia-smi names, or "" (no nvidia-smi, no driver, no GPU)."""
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    names = [line.strip() for line in p.stdout.splitlines() if line.strip()]
+    return names[0] if p.returncode == 0 and names else ""
+
+
+def csv_rows(path):
+    import csv
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            return list(csv.DictReader(f))
+    except (OSError, csv.Error, UnicodeDecodeError):
+        return []
+
+
+def solution_figure(step, point, gpu):
+    """The solution's committed forward TFLOP/s at the grade's point: the newest row (the last
+    in the file) of notes/results/h100.csv or h200.csv, of this GPU if it has one, else of any
+    GPU. Returns (tflops, gpu, commit, file) or None."""
+    dtype, batch, heads, seq, dim, _ = point
+    want = {"step": step.nn, "dtype": dtype, "batch": str(batch), "heads": str(heads),
+            "heads_kv": str(heads), "seq_q": str(seq), "seq_k": str(seq), "dim": str(dim),
+            "causal": "0", "direction": "fwd"}
+    found = []
+    for name in ("h100.csv", "h200.csv"):
+        for row in csv_rows(RESULTS / name):
+            if all(row.get(k) == v for k, v in want.items()) and \
+                    row.get("dropout", "0") in ("0", "") and row.get("density", "1") in ("1", ""):
+                found.append((row, name))
+    mine = [x for x in found if x[0].get("gpu") == gpu] or found
+    if not mine:
+        return None
+    row, name = mine[-1]
+    try:
+        return float(row["tflops"]), row.get("gpu", "?"), row.get("commit", "?"), name
+    except (KeyError, ValueError):
+        return None
+
+
+def ceiling(name, gpu):
+    """The newest measured ceiling `name` of this GPU (notes/results/ceilings.csv), in TFLOP/s."""
+    rows = [r for r in csv_rows(RESULTS / "ceilings.csv")
+            if r.get("gpu") == gpu and r.get("ceiling") == name and r.get("unit") == "TFLOP/s"]
+    try:
+        return (float(rows[-1]["value"]), rows[-1].get("commit", "?")) if rows else None
+    except ValueError:
+        return None
+
+
+def report_speed(step, build, jobs, gpu_step, verbose):
+    """After a PASS: the copy's default variant timed at the step's point, its TFLOP/s beside
+    the measured ceiling of this GPU and the solution's committed figure. The timing run checks
+    against the oracle as every run does; a run that fails its check, or cannot run, prints no
+    timing. Never changes the verdict."""
+    point = SPEED_POINT.get(step.nn)
+    if point is None:
+        return
+    dtype, batch, heads, seq, dim, ceiling_name = point
+    shape = f"batch {batch}, heads {heads}, seq {seq}, dim {dim}, {dtype}, forward"
+    rc, _ = run(["cmake", "--build", build, "--target", step.name] + jobs, capture=True,
+                echo=verbose)
+    if rc != 0:
+        print(f"speed: not timed (the step program did not build: exit status {rc})")
+        return
+    rc, out = run([build / "steps" / step.name, "--batch", batch, "--heads", heads, "--seq-q",
+                   seq, "--seq-k", seq, "--dim", dim, "--dtype", dtype], capture=True,
+                  echo=verbose)
+    m = re.search(r"^\s*forward\s+([0-9.eE+-]+) ms\s+([0-9.eE+-]+) TFLOP/s", out, re.M)
+    if rc != 0 or not m:
+        why = ("its check against the oracle failed at this size" if rc == 1 else
+               f"exit status {rc}")
+        last = [l for l in out.splitlines() if l.strip()][-1:] or [""]
+        print(f"speed: not timed at {shape}: {why} ({last[0].strip()}); no timing is shown "
+              "for a run that did not pass")
+        return
+    # From the time, as the step program counts FLOPs (Problem::fwd_flops, not causal): its
+    # printed TFLOP/s has too few digits for a CPU's.
+    ms = float(m.group(1))
+    tflops = 4.0 * batch * heads * seq * seq * dim / (ms * 1e9) if ms > 0 else float(m.group(2))
+    rate = f"{tflops:.4g} TFLOP/s" + (f" ({tflops * 1e3:.3g} GFLOP/s)" if tflops < 0.1 else "")
+    print(f"speed: your copy, default variant, at {shape}: {ms:.3f} ms, {rate}")
+    gpu = gpu_name() if gpu_step else ""
+    if not gpu_step:
+        print("  a CPU step: no GPU ceiling applies, and no solution timing is committed for "
+              "it (notes/results/cpu_log.md has the solution's CPU times, by hand). The grade "
+              "compiles host code at -O1: time in build/ to compare")
+        return
+    c = ceiling(ceiling_name, gpu) if gpu else None
+    if c:
+        print(f"  {100 * tflops / c[0]:.1f}% of this GPU's measured {ceiling_name} ceiling, "
+              f"{c[0]:.4g} TFLOP/s ({gpu}, notes/results/ceilings.csv, commit {c[1]})")
+    else:
+        print(f"  no measured {ceiling_name} ceiling for "
+              f"{gpu or 'this GPU (nvidia-smi named none)'} in notes/results/ceilings.csv "
+              "(tools/ceilings.cu measures one)")
+    ref = solution_figure(step, point, gpu)
+    if ref:
+        other = "" if ref[1] == gpu else ", another GPU than this one"
+        print(f"  the solution: {ref[0]:.4g} TFLOP/s at the same point ({ref[1]}{other}; "
+              f"notes/results/{ref[3]}, commit {ref[2]})")
+    else:
+        print("  no committed figure of the solution at this point in notes/results/h100.csv "
+              "or h200.csv")
+
+
 def cmd_grade(args):
     step = find_step(args.step)
     if step.number in NO_EXERCISE and not step_regions(step):
@@ -738,6 +1181,8 @@ def cmd_grade(args):
         print(f"PASS: {step.name} from {rel(copy)}/: {len(runs)} runs of the shared cases "
               "against the float64 oracle" +
               (", racecheck and synccheck clean" if gpu and not no_sanitizer else ""))
+        if not args.no_timing:
+            report_speed(step, build, jobs, gpu, args.verbose)
         return EXIT_OK
     if not args.verbose and not runs:
         sys.stdout.write(out)  # no per-run lines: show what ctest said
@@ -762,6 +1207,15 @@ def cmd_diff(args):
                          f"create {step.nn})")
     names = sorted({p.relative_to(step.path) for p in step.path.rglob("*") if p.is_file()} |
                    {p.relative_to(copy) for p in copy.rglob("*") if p.is_file()})
+    # The copy's README.md is the exercise sheet create wrote in place of the step's (which
+    # describes the solution): not a change of the learner's.
+    sheet = Path("README.md")
+    try:
+        is_sheet = (copy / sheet).read_text(encoding="utf-8").startswith("# Exercise:")
+    except (OSError, UnicodeDecodeError):
+        is_sheet = False
+    if is_sheet:
+        names.remove(sheet)
     changed = 0
     for name in names:
         a, b = step.path / name, copy / name
@@ -785,7 +1239,8 @@ def cmd_diff(args):
                 sys.stdout.write(line if line.endswith("\n") else line + "\n\\ No newline at "
                                  "end of file\n")
     if changed == 0:
-        print(f"{rel(copy)}/ is identical to the solution {rel(step.path)}/")
+        print(f"{rel(copy)}/ is identical to the solution {rel(step.path)}/" +
+              (" (its README.md, the exercise sheet, is not compared)" if is_sheet else ""))
     return EXIT_OK
 
 
@@ -819,11 +1274,19 @@ def main(argv=None):
     p.add_argument("--jobs", "-j", type=int, help="parallel compile jobs (default: ninja's)")
     p.add_argument("--verbose", "-v", action="store_true", help="show the harness's whole "
                    "output, every run")
+    p.add_argument("--no-timing", action="store_true", help="after a PASS, do not time the "
+                   "copy (by default its default variant is timed at one problem and shown "
+                   "beside the GPU's ceiling and the solution's committed figure)")
     p = sub.add_parser("diff", help="unified diff of the exercise copy against the solution")
     p.add_argument("step")
     p.add_argument("--dir", default="exercises")
+    p = sub.add_parser("export", help="write a handout: every step blanked, the notes, the "
+                       "harness and the build; no solution, no history")
+    p.add_argument("dir", metavar="DIR", help="a new or empty folder (relative: from the "
+                   "repository root)")
     args = ap.parse_args(argv)
-    verbs = {"list": cmd_list, "create": cmd_create, "grade": cmd_grade, "diff": cmd_diff}
+    verbs = {"list": cmd_list, "create": cmd_create, "grade": cmd_grade, "diff": cmd_diff,
+             "export": cmd_export}
     try:
         return verbs[args.verb](args)
     except (UsageError, pathargs.PathError) as e:

@@ -282,6 +282,16 @@ __device__ __forceinline__ void abt_tile(float (&acc)[TM][kTN], const float* A, 
   // floats of a row into one 16-byte read: the very thing kWide measures.
 #pragma unroll 1
   for (int k = 0; k < D; k += kW) {
+    // EXERCISE BEGIN micro-tile [medium]
+    // Concept: the register micro-tile: a thread computes a TM x kTN block of S, so each
+    // value it reads from shared memory feeds several FMAs instead of one.
+    //
+    // This step over k adds, for every a < TM and b < kTN, the products of columns
+    // k .. k + kW - 1 of A's row r0 + rstep*a and B's row tx + kTX*b to acc[a][b], in order of
+    // k (the result must match the other variants bit for bit). ldw<kW>(ptr) reads kW floats
+    // (a float4, kW = 4, or one float in .x, kW = 1) and lane_of(v, u) picks float u of it. The
+    // trap is the reads: read each of the TM + kTN rows once per step into registers, then
+    // reuse them, rather than reading an operand once per product.
     float4 bv[kTN];
 #pragma unroll
     for (int b = 0; b < kTN; ++b) bv[b] = ldw<kW>(b_rows + b * kTX * ld + k);
@@ -293,6 +303,7 @@ __device__ __forceinline__ void abt_tile(float (&acc)[TM][kTN], const float* A, 
 #pragma unroll
         for (int u = 0; u < kW; ++u) acc[a][b] = fmaf(lane_of(av, u), lane_of(bv[b], u), acc[a][b]);
     }
+    // EXERCISE END
   }
 }
 

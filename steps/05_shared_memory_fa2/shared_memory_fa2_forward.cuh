@@ -282,8 +282,16 @@ __global__ void __launch_bounds__(kFwdMaxThreads)
       const int i0 = it * Br, rows = min(Br, p.seq_q - i0);
       __syncthreads();  // the last i is done with P_ij (in Q's buffer)
       load_tiles<D, 1>({TileCopy{Qs, p.q + (q_head + i0) * D, L::kLd, rows}}, Br, tid, blockDim.x);
-      // This thread's rows of O_i, m_i, l_i, from HBM.
       float m[kTM], l[kTM], o[kTM][L::kCols];
+      // EXERCISE BEGIN fa1-state-in [medium]
+      // Concept: FA1's loop order: with K/V tiles outer, a Q tile's running O_i, m_i and l_i
+      // cannot stay on chip between its K/V tiles, so every (j, i) reads them back from HBM.
+      //
+      // Fill this thread's kTM rows (ty + TY*r of the tile, rows q_head + i0 + ty + TY*r of
+      // the problem) of m, l and o (columns 2*tx + 32*c and 2*tx + 32*c + 1, c < D/32) with
+      // what the previous K/V tile left in m_hbm, l_hbm and p.o (fa1_init_kernel's values
+      // before the first). Trap: rows past `rows` are outside the problem: read nothing there,
+      // and give them the values of a row that has seen no key.
 #pragma unroll
       for (int r = 0; r < kTM; ++r) {
         const int i = ty + TY * r;
@@ -296,12 +304,25 @@ __global__ void __launch_bounds__(kFwdMaxThreads)
           o[r][2 * c] = x.x, o[r][2 * c + 1] = x.y;
         }
       }
+      // EXERCISE END
       __syncthreads();  // Q_i (and K_j, V_j) are in shared memory
 
       float s[kTM][kTN] = {};
       abt_tile<D, kTM>(s, Qs, ty, TY, Ks, tx);
       const bool mask = j0 + kBc > p.seq_k || (p.causal && j0 + kBc - 1 > i0 + p.seq_k - p.seq_q);
       scale_and_mask(s, p, mask, i0, j0, ty, TY, tx);
+      // EXERCISE BEGIN fa1-rescale [hard]
+      // Concept: FA1's update keeps O_i normalised in HBM after every K/V tile, so it needs the
+      // row's whole sum at once and must undo the last normalisation before rescaling; FA2
+      // keeps O unnormalised on chip and divides once, at the end.
+      //
+      // For each of this thread's rows r: s[r][..] holds its scores of this tile (-inf where
+      // masked), m[r] and l[r] the row's max and full sum over the tiles so far, o[r][..] the
+      // normalised O from HBM. Afterwards s holds the unnormalised weights for P V (taken
+      // against the new max), m[r] and l[r] describe every tile so far, and o[r][..] is scaled
+      // so that adding P V and then dividing by l[r] (as the code after this does) gives the
+      // new normalised O. row_max and row_sum combine the row's 16 threads. Trap: a row with
+      // only masked keys so far (m = -inf).
 #pragma unroll
       for (int r = 0; r < kTM; ++r) {
         float mx = s[r][0];
@@ -322,6 +343,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads)
         for (int c = 0; c < L::kCols; ++c) o[r][c] *= undo;
         m[r] = m_new, l[r] = l_new;
       }
+      // EXERCISE END
       __syncthreads();  // everyone has read Q_i: P_ij may overwrite it
 #pragma unroll
       for (int r = 0; r < kTM; ++r)

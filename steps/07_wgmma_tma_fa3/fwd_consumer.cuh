@@ -376,16 +376,30 @@ struct ItemSteps {
     }
   }
 
-  // intra-overlap: softmax_j runs while P_{j-1} V_{j-1} is still on the tensor cores. Step j:
-  // [wait for PV_{j-2}; P_{j-1} to 16 bits] issue S_j; rescale O by alpha_{j-1} (under S_j);
-  // issue PV_{j-1}; wait for S_j only (wait_group 1); softmax_j. The wait for PV_{j-2} sits at
-  // the top of step j, not at the end of step j-1: the two are the same moment, but ptxas
-  // hoists a wait_group 0 to the top of the basic block it shares with the softmax (which would
-  // serialise them again); the loop edge stops it.
+  // intra-overlap: softmax_j runs while P_{j-1} V_{j-1} is still on the tensor cores (within
+  // one warpgroup, on top of ping-pong between the warpgroups).
   __device__ __forceinline__ void mainloop_overlap() {
     first_s();
     for (int it = 1; it < n; ++it) {
+      // EXERCISE BEGIN intra-overlap [hard]
+      // Concept: overlap inside a warpgroup: wgmma is asynchronous, and wait_group N waits until
+      // at most N of this warpgroup's committed GEMMs are still running, so the softmax of one
+      // tile can run while the previous tile's P V is still on the tensor cores.
+      //
+      // One step of mainloop_pingpong above, reordered. On entry (it >= 1) softmax(it - 1) is
+      // done, its P is not yet packed, and P_{it-2} V_{it-2} may still be running (none at
+      // it = 1); on exit the same holds one tile later. Use the same calls as the ping-pong
+      // step (pv_retire(j) waits for P_j V_j and frees V_j's stage; j < 0: nothing to wait
+      // for). Traps: the registers a pending GEMM reads (P) or writes (O) may not be touched
+      // until it is waited for; wait only for S_it before its softmax; and a wait for every
+      // pending GEMM in the basic block of the softmax serialises them again, whatever its
+      // place (ptxas hoists it to the top of that block).
       pv_retire(it - 2);  // (nothing pending at it = 1)
+      // Step j: [wait for PV_{j-2}; P_{j-1} to 16 bits] issue S_j; rescale O by alpha_{j-1}
+      // (under S_j); issue PV_{j-1}; wait for S_j only (wait_group 1); softmax_j. The wait for
+      // PV_{j-2} sits at the top of step j, not at the end of step j-1: the two are the same
+      // moment, but ptxas hoists a wait_group 0 to the top of the basic block it shares with
+      // the softmax (which would serialise them again); the loop edge stops it.
       pack_p();
       k_wait_before(it);
       sched_wait();
@@ -402,6 +416,7 @@ struct ItemSteps {
       release_k(it);
       release_q(it);
       softmax(it);
+      // EXERCISE END
     }
     pv_retire(n - 2);
     pack_p();

@@ -68,6 +68,17 @@ __global__ void __launch_bounds__(threads_of(kFlags, kConsumers), 1)
   if constexpr (kPers) {
     // Roles as in the warp-specialised kernels, each looping over the CTA's items.
     const int wg = threadIdx.x / kWGThreads;
+    // EXERCISE BEGIN producer-split [medium]
+    // Concept: warp specialisation: one warpgroup produces (TMA copies into the ring), the
+    // others consume (wgmma and softmax), and setmaxnreg moves registers from the producer,
+    // which needs few, to the consumers, which need many.
+    //
+    // Warpgroup wg of this CTA takes one role: warpgroup 0 the producer, warpgroup wg > 0 the
+    // consumer numbered wg - 1 (persistent_producer, persistent_consumer). fa3.cuh gives the
+    // register counts of each role (kProducerRegs, consumer_regs(kConsumers)); hopper.cuh has
+    // setmaxnreg_dec and setmaxnreg_inc. Traps: setmaxnreg is .sync.aligned, so every thread
+    // of a warpgroup must execute the same one, before its role's work; and the copies are
+    // issued by a single thread (elect_one() picks one lane of a warp), not by 128.
     if (wg == 0) {
       setmaxnreg_dec<kProducerRegs>();
       if (threadIdx.x / 32 == 0 && elect_one())
@@ -77,6 +88,7 @@ __global__ void __launch_bounds__(threads_of(kFlags, kConsumers), 1)
       persistent_consumer<T, D, kFlags, kConsumers, kStages, kExtras, kTrace>(wg - 1, p, smem, bars,
                                                                               tr);
     }
+    // EXERCISE END
   } else {
     const Item c = cta_item<S::kBr, kExtras>(p);  // one item per CTA
     RingPos pos;
@@ -84,6 +96,12 @@ __global__ void __launch_bounds__(threads_of(kFlags, kConsumers), 1)
       // Roles: warpgroup 0 produces, the others consume. Each role is one branch, with its
       // setmaxnreg first, executed by whole warpgroups.
       const int wg = threadIdx.x / kWGThreads;
+      // EXERCISE BEGIN producer-split-item [easy]
+      // Concept: the same split in the one-item kernels (warp-specialized, pingpong,
+      // intra-overlap): producer() and consume_item() instead of the persistent pair.
+      //
+      // As in producer-split above; consume_item also takes the item c, the ring position pos
+      // and the K/V tensor maps.
       if (wg == 0) {
         setmaxnreg_dec<kProducerRegs>();
         if (threadIdx.x / 32 == 0 && elect_one())
@@ -93,6 +111,7 @@ __global__ void __launch_bounds__(threads_of(kFlags, kConsumers), 1)
         consume_item<T, D, kFlags, kConsumers, kStages, kExtras, kTrace>(c, wg - 1, p, smem, bars,
                                                                          pos, &tm_k, &tm_v, tr);
       }
+      // EXERCISE END
     } else if constexpr (kFlags & kCpAsync) {
       // wgmma: every thread copies its share of Q and of the first two K/V tiles (a group per
       // tile, Q's with the first; empty groups keep the count where there are fewer tiles).

@@ -95,6 +95,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Roles: warpgroup 0 produces (warp 0 loads, warp 1 writes dQ), 1 and 2 consume; each role
   // is one branch with its setmaxnreg first, executed by whole warpgroups.
   const int wg = threadIdx.x / kWGThreads;
+  // EXERCISE BEGIN producer-split-bwd [easy]
+  // Concept: the backward's split: the producer warpgroup has two single-thread jobs (the
+  // loads, and the dQ writes when dQ goes out by TMA), and two consumer warpgroups.
+  //
+  // As producer-split in wgmma_tma_fa3.cu, with kConsumerRegs for the consumers: warp 0 of
+  // warpgroup 0 runs producer(), warp 1 runs dq_writer() when kDqTma, each from one elected
+  // lane; warpgroup wg > 0 runs consumer() as consumer wg - 1.
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
     const int warp = threadIdx.x / 32;
@@ -107,6 +114,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_inc<kConsumerRegs>();
     consumer<T, D, kDqTma, kExtras>(c, wg - 1, p);
   }
+  // EXERCISE END
 }
 
 // ---- pre-pass and post-pass ----------------------------------------------------------------
