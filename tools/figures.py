@@ -398,16 +398,27 @@ def fig_tflops(plt, rows, gpu, tag, out_dir, names, written, ceil):
 
 
 def own_bytes(r):
-    """The HBM bytes a row's rung moves by its own traffic model (its note's cost model), or
-    None for the compulsory bytes the CSV's GB/s were computed from. Step 03 writes S and P to
-    HBM and reads them back: 4(2Md + 2Nd + 4MN) bytes per (batch, head) forward and
-    4(6Md + 4Nd + 7MN) backward, in fp32 (notes/03_naive_cuda.md, "Cost model"). Every other
-    rung and peer keeps S and P on chip and moves the compulsory bytes."""
-    if r.step == "03" and r.dtype == "fp32":
-        m, n, d = r.seq_q, r.seq_k, r.dim
+    """The HBM bytes a row's rung or peer moves by its own traffic model, or None for the
+    compulsory bytes the CSV's GB/s were computed from (Q, K, V read, O written; the backward
+    adds dO, dQ, dK, dV). Two entries materialise the scores: step 03 writes S and P to HBM and
+    reads them back, 4(2Md + 2Nd + 4MN) bytes per (batch, head) forward and 4(6Md + 4Nd + 7MN)
+    backward, in fp32 (notes/03_naive_cuda.md, "Cost model"); PyTorch's math backend
+    (torch-math) runs the same stages as separate kernels: S written by its GEMM and read by
+    the softmax, P written and read by PV (4MN forward); backward dP written, P read for dV,
+    P and dP read and dS written by the softmax's backward, dS read for dQ and for dK (7MN),
+    plus the compulsory bytes. Only its fp32 rows are modelled (in 16 bit it computes in fp32
+    by default, so the width of S is not the row's dtype): the roofline leaves its 16-bit rows
+    off. Every other rung and peer keeps S and P on chip and moves the compulsory bytes."""
+    if r.dtype != "fp32":
+        return None
+    m, n, d = r.seq_q, r.seq_k, r.dim
+    if r.step == "03":
         per_head = (2 * m * d + 2 * n * d + 4 * m * n) if r.direction == "fwd" else \
             (6 * m * d + 4 * n * d + 7 * m * n)
         return 4.0 * r.batch * r.heads * per_head
+    if r.step == "torch-math":
+        compulsory = r.gbps * 1e9 * r.ms * 1e-3
+        return compulsory + 4.0 * r.batch * r.heads * (4 if r.direction == "fwd" else 7) * m * n
     return None
 
 
@@ -423,7 +434,8 @@ def intensity(r):
 
 def fig_roofline(plt, rows, gpu, tag, out_dir, names, written, ceil):
     """(b) each GPU rung and peer by arithmetic intensity: FLOPs over the bytes the rung itself
-    moves (intensity: step 03's S and P round trips included), against the measured ceilings.
+    moves (intensity: the S and P round trips of step 03 and torch-math included), against the
+    measured ceilings.
     The same figure serves the README and the notes."""
     sel = [r for r in rows if r.flash_shape and not r.causal and r.gbps > 0 and r.tflops > 0 and
            r.step not in CPU_RUNGS]
@@ -486,9 +498,10 @@ def fig_roofline(plt, rows, gpu, tag, out_dir, names, written, ceil):
     legend_right(fig, axes[0][0], [handles[k] for k in keys], labels, markers)
     fig.suptitle(f"{gpu}: roofline, flash-attention shapes, seq {min(r.seq_q for r in sel)}…"
                  f"{max(r.seq_q for r in sel)} left to right\nfilled: ladder rungs; open: "
-                 f"PyTorch SDPA; fp32 and {half}; {ceiling_source(ceil)}\nbytes: step 03's "
-                 "S and P round trips (its note's model), the compulsory Q, K, V, O for the "
-                 "others", fontsize=10)
+                 f"PyTorch SDPA; fp32 and {half}; {ceiling_source(ceil)}\nbytes: S and P "
+                 "written and read back for step 03 and torch-math, which materialise them "
+                 "(step 03's note's model); the compulsory Q, K, V, O for the fused others",
+                 fontsize=10)
     fig.tight_layout()
     save(fig, out_dir, f"{tag}_roofline", written)
     plt.close(fig)
