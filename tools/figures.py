@@ -12,6 +12,8 @@ DIR/<gpu>-trace-07.csv, and writes, for each results file <gpu>.csv:
   <gpu>_tflops_<dtype>.svg|png  TFLOP/s against sequence length, each rung next to the PyTorch
                                 peers of the same dtype, under the measured compute ceilings
   <gpu>_roofline.svg|png        every GPU rung and peer under the measured ceilings
+  <gpu>_roofline_<NN>.svg|png   the same with rung NN highlighted, for each NN whose note embeds
+                                it (notes/*.md; a note's roofline picks out the note's rung)
   <gpu>_workspace.svg|png       workspace bytes against sequence length
   <gpu>_sparsity.svg|png        time against block density: block-sparse rungs and torch-flex
   <gpu>_dropout.svg|png         TFLOP/s with dropout over TFLOP/s without, same shape
@@ -432,11 +434,12 @@ def intensity(r):
     return 1e3 * r.tflops / r.gbps
 
 
-def fig_roofline(plt, rows, gpu, tag, out_dir, names, written, ceil):
+def fig_roofline(plt, rows, gpu, tag, out_dir, names, written, ceil, highlight=None):
     """(b) each GPU rung and peer by arithmetic intensity: FLOPs over the bytes the rung itself
     moves (intensity: the S and P round trips of step 03 and torch-math included), against the
-    measured ceilings.
-    The same figure serves the README and the notes."""
+    measured ceilings. <tag>_roofline serves the README; with highlight (a rung's number) the
+    figure is <tag>_roofline_<NN>, the same with that rung drawn bold and on top and every other
+    series faded: the roofline of that rung's note. Returns False when the rung has no point."""
     sel = [r for r in rows if r.flash_shape and not r.causal and r.gbps > 0 and r.tflops > 0 and
            r.step not in CPU_RUNGS]
     # fp16 sits where bf16 does (same bytes, same mma rate): draw one of them, bf16 first.
@@ -445,8 +448,8 @@ def fig_roofline(plt, rows, gpu, tag, out_dir, names, written, ceil):
     # efficient and math backends in 16 bit would only crowd the plot).
     sel = [r for r in sel if r.dtype == "fp32" or (r.dtype == half and r.step not in
                                                     ("torch-efficient", "torch-math"))]
-    if not sel:
-        return
+    if not sel or (highlight and not any(r.step == highlight for r in sel)):
+        return False
     dirs = [d for d in ("fwd", "bwd") if any(r.direction == d for r in sel)]
     fig, axes = plt.subplots(1, len(dirs), squeeze=False, figsize=(6.2 * len(dirs) + 1.5, 5.0))
     ai_all = [intensity(r) for r in sel]
@@ -480,9 +483,14 @@ def fig_roofline(plt, rows, gpu, tag, out_dir, names, written, ceil):
                                                                               kv[0][1:])):
             pts.sort()
             st = style(step)
+            # The note's own rung bold and on top; the rest faded behind it.
+            mine = highlight is not None and step == highlight
+            faded = highlight is not None and not mine
             (h,) = ax.plot([x for x, _ in pts], [y for _, y in pts], color=st["color"],
-                           linestyle=st["linestyle"], lw=0.8, marker=markers[dim], markersize=4,
-                           markerfacecolor="white" if step in PEER_STYLE else st["color"])
+                           linestyle=st["linestyle"], lw=2.2 if mine else 0.8,
+                           marker=markers[dim], markersize=7 if mine else 4,
+                           markerfacecolor="white" if step in PEER_STYLE else st["color"],
+                           alpha=0.3 if faded else 1.0, zorder=5 if mine else 2)
             handles.setdefault((step, dtype), h)
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -494,17 +502,37 @@ def fig_roofline(plt, rows, gpu, tag, out_dir, names, written, ceil):
         ax.set_xlabel("arithmetic intensity, FLOPs / HBM bytes the rung moves")
         ax.set_ylabel("TFLOP/s")
     keys = sorted(handles, key=lambda k: (order(k[0]), k[1]))
-    labels = [f"{label(s, names)} ({t})" for s, t in keys]
+    labels = [f"{label(s, names)} ({t})" + ("  ← this note" if s == highlight else "")
+              for s, t in keys]
     legend_right(fig, axes[0][0], [handles[k] for k in keys], labels, markers)
-    fig.suptitle(f"{gpu}: roofline, flash-attention shapes, seq {min(r.seq_q for r in sel)}…"
+    mark = (f"{label(highlight, names)} highlighted (bold), every other series faded; "
+            if highlight else "")
+    fig.suptitle(f"{gpu}: roofline, {mark}flash-attention shapes, seq {min(r.seq_q for r in sel)}…"
                  f"{max(r.seq_q for r in sel)} left to right\nfilled: ladder rungs; open: "
                  f"PyTorch SDPA; fp32 and {half}; {ceiling_source(ceil)}\nbytes: S and P "
                  "written and read back for step 03 and torch-math, which materialise them "
                  "(step 03's note's model); the compulsory Q, K, V, O for the fused others",
                  fontsize=10)
     fig.tight_layout()
-    save(fig, out_dir, f"{tag}_roofline", written)
+    save(fig, out_dir, f"{tag}_roofline" + (f"_{highlight}" if highlight else ""), written)
     plt.close(fig)
+    return True
+
+
+def roofline_highlights(notes_dir, tag):
+    """The rungs whose highlighted roofline a note embeds (![...](figures/<tag>_roofline_NN.svg)
+    in notes/*.md): each note shows its own rung picked out, and no such figure is drawn that
+    no note shows."""
+    wanted = set()
+    pattern = re.compile(r"!\[[^\]]*\]\(figures/" + re.escape(tag) + r"_roofline_(\d\d)\.svg\)")
+    for note in sorted(Path(notes_dir).glob("*.md")):
+        try:
+            text = pathargs.read_text(note, "notes")
+        except PathError as e:  # a note that cannot be read asks for no figure
+            print(f"figures: warning: {e}", file=sys.stderr)
+            continue
+        wanted.update(pattern.findall(text))
+    return sorted(wanted)
 
 
 def fig_workspace(plt, rows, gpu, tag, out_dir, names, written):
@@ -1233,6 +1261,8 @@ def main(argv=None):
             written = []
             fig_tflops(plt, plain, gpu, tag, out_dir, names, written, ceil)
             fig_roofline(plt, plain, gpu, tag, out_dir, names, written, ceil)
+            for rung in roofline_highlights(ROOT / "notes", tag):
+                fig_roofline(plt, plain, gpu, tag, out_dir, names, written, ceil, highlight=rung)
             fig_workspace(plt, plain, gpu, tag, out_dir, names, written)
             fig_sparsity(plt, rows, gpu, tag, out_dir, names, written)
             fig_dropout(plt, [r for r in rows if not r.variant],
@@ -1244,7 +1274,9 @@ def main(argv=None):
                 if trace:
                     fig_timeline(plt, trace, gpu, tag, out_dir, written)
             figures += written
-            svgs = [w.path for w in written if w.suffix == ".svg"]
+            # The notes' highlighted rooflines are theirs: the README lists the others.
+            svgs = [w.path for w in written if w.suffix == ".svg" and
+                    not re.search(r"_roofline_\d\d$", w.stem)]
             try:
                 csv_rel = path.resolve().relative_to(readme.resolve().parent).as_posix()
                 svg_rel = [w.resolve().relative_to(readme.resolve().parent) for w in svgs]
