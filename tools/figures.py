@@ -389,9 +389,14 @@ def fig_tflops(plt, rows, gpu, tag, out_dir, names, written, ceil):
         legend_right(fig, axes[0][0], [handles[s] for s in steps],
                      [label(s, names) for s in steps])
         note = "" if ceil else f"\n{ceiling_source(ceil)}"
-        peers = ("PyTorch SDPA and FlexAttention" if any(r.step == "torch-flex" for r in sel)
-                 else "PyTorch SDPA")
-        fig.suptitle(f"{gpu}: {dtype} attention, rungs (solid) and {peers} (dashed)\n"
+        # Announce only the peers drawn: a GPU whose results file has no peer row says so.
+        drawn = {s for s in handles if s in PEER_STYLE}
+        peers = " and ".join(what for what, has in (
+            ("PyTorch SDPA", drawn - {"torch-flex"}), ("FlexAttention", "torch-flex" in drawn))
+            if has)
+        who = (f"rungs (solid) and {peers} (dashed or dotted)" if peers else
+               f"rungs only (no PyTorch peer row in {tag}.csv to draw)")
+        fig.suptitle(f"{gpu}: {dtype} attention, {who}\n"
                      f"flash-attention shapes: B·N = {TOKENS}, H·d = {HIDDEN}; "
                      f"fwd FLOPs 4·B·H·N²·d (halved when causal), bwd 2.5× fwd{note}", fontsize=10)
         fig.tight_layout()
