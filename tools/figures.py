@@ -751,34 +751,70 @@ def fig_variants(plt, rows, gpu, tag, out_dir, names, written, ceil):
             v = r.step.split("/")[1] if r.variant else None
             if v and v not in names_in_order:
                 names_in_order.append(v)
-        cols = names_in_order + ["(default)"]
+        path, side = path_and_side(names_in_order)
         ceiling = ceil.get(RUNG_CEILING[rung])
-        fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, 2.2 + 1.9 * len(panels)),
+        color = RUNG_COLOR.get(rung, "#333")
+        width = max(8.5, 1.0 + 0.72 * (len(path) + len(side) + 1))
+        fig, axes = plt.subplots(len(panels), 1, figsize=(width, 2.6 + 2.1 * len(panels)),
                                  squeeze=False)
         for ax, (dtype, dim, causal) in zip(axes[:, 0], panels):
             at = {(r.step.split("/")[1] if r.variant else "(default)"): r.tflops
                   for r in rs if (r.dtype, r.dim, r.causal) == (dtype, dim, causal)}
-            xs = [c for c in cols if c in at]
-            bars = ax.bar(range(len(xs)), [at[c] for c in xs], color=RUNG_COLOR.get(rung, "#333"))
-            for b, c in zip(bars, xs):
+            # The path left to right, ending at the default; the side variants apart, right of
+            # a gap and a dashed rule, hatched and paler: they are not steps on the path.
+            on_path = [c for c in path + ["(default)"] if c in at]
+            beside = [c for c in side if c in at]
+            xs = list(range(len(on_path))) + [len(on_path) + 0.6 + i for i in range(len(beside))]
+            cols = on_path + beside
+            bars = ax.bar(xs, [at[c] for c in cols], color=color)
+            for b, c in zip(bars, cols):
+                if c in beside:
+                    b.set_facecolor("white")
+                    b.set_edgecolor(color)
+                    b.set_hatch("//")
                 pct = f"\n{100 * at[c] / ceiling.value:.0f}%" if ceiling else ""
                 ax.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{at[c]:.0f}{pct}",
                         ha="center", va="bottom", fontsize=7)
-            ax.set_xticks(range(len(xs)))
-            ax.set_xticklabels(xs, fontsize=8)
+            top = max([ceiling.value * (1.2 if beside else 1.08) if ceiling else 0] +
+                      [v * (1.35 if beside else 1.25) for v in at.values()])
+            if beside:
+                x_rule = len(on_path) - 0.2
+                ax.axvline(x_rule, color="#888", linestyle="--", linewidth=0.8)
+                ax.text(x_rule - 0.1, top * 0.99, "the path", ha="right", va="top",
+                        fontsize=7, color="#555")
+                ax.text(x_rule + 0.1, top * 0.99, "beside the path", ha="left", va="top",
+                        fontsize=7, color="#555")
+            ax.set_xticks(xs)
+            # Slanted labels, anchored at their right end under the bar: long names never meet.
+            ax.set_xticklabels(cols, fontsize=8, rotation=30, ha="right", rotation_mode="anchor")
             ax.set_ylabel("TFLOP/s")
             ax.set_title(f"{dtype}, d = {dim}, {'causal' if causal else 'not causal'}",
                          fontsize=9)
             if ceiling:
                 ax.axhline(ceiling.value, color="#888", linestyle=":", linewidth=1)
-            ax.set_ylim(0, max([ceiling.value * 1.08 if ceiling else 0] +
-                               [v * 1.25 for v in at.values()]))
+            ax.set_ylim(0, top)
+        what = ("\nhatched, right of the dashed rule: variants beside the path (not steps on it)"
+                if side else "")
         fig.suptitle(f"{label(rung, names)}: one idea at a time, seq {TABLE_SEQ}, forward "
-                     f"({gpu}); % of the measured {RUNG_CEILING[rung]} ceiling"
-                     if ceiling else f"{label(rung, names)}: one idea at a time ({gpu})",
+                     f"({gpu}); % of the measured {RUNG_CEILING[rung]} ceiling{what}"
+                     if ceiling else f"{label(rung, names)}: one idea at a time ({gpu}){what}",
                      fontsize=9)
         fig.tight_layout()
         save(fig, out_dir, f"{tag}_variants_{rung}", written)
+        plt.close(fig)
+
+
+def path_and_side(variants):
+    """A rung's variants (in the sweep's order) split into its path and the variants beside it.
+    The descriptors name a step on the path '+idea' (it adds one idea to the variant before it)
+    after a first, the baseline ('row', 'baseline'); a rung that uses '+' names has its other
+    variants beside the path (05's 'fa1', the other loop order; 06's ablations 'no-swizzle',
+    'p-via-smem', ...). A rung without '+' names (07: each variant adds to the one before) is
+    all path."""
+    if not any(v.startswith("+") for v in variants[1:]):
+        return list(variants), []
+    path = [v for i, v in enumerate(variants) if i == 0 or v.startswith("+")]
+    return path, [v for v in variants if v not in path]
 
 
 def load_trace(path):
