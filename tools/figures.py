@@ -901,12 +901,35 @@ def fig_timeline(plt, trace, gpu, tag, out_dir, written):
                     mpatches.Patch(color=color[p])) for p in legend]
         ax.legend(handles, legend, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
                   fontsize=8)
-        ax.set_title(f"{gpu}: rung 07 timeline, variant {variant} (one thread block; bars are "
-                     "phases, numbers K/V tiles, ticks instant events)", fontsize=10)
+        ax.set_title(f"{gpu}: rung 07 timeline, variant {variant}\n"
+                     f"{trace_kernel(variant, role)}\n(one thread block; bars are phases, "
+                     "numbers K/V tiles, ticks instant events)", fontsize=10)
         fig.tight_layout()
         stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", variant)
         save(fig, out_dir, f"{tag}_timeline_{stem}", written)
         plt.close(fig)
+
+
+NUMBER_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4}
+
+
+def trace_kernel(variant, role):
+    """What a traced block shows, counted from the trace ({warp: role}): its producer warps and
+    its consumer warpgroups (4 warps each). A variant named for a number of consumers
+    ('three-consumers') whose trace has another number says so: at the traced shape the variant
+    ran another kernel (rung 07's 'three-consumers' runs its two-consumer kernel at d = 128)."""
+    producers = sorted(w for w, r in role.items() if r == "producer")
+    consumers = sorted(w for w, r in role.items() if r == "consumer")
+    groups = len({w // 4 for w in consumers})
+    text = ("traced: " + (f"{len(producers)} producer warp{'s' if len(producers) != 1 else ''}"
+                          if producers else "no producer warp") + f", {groups} consumer "
+            f"warpgroup{'s' if groups != 1 else ''}" +
+            (f" (warps {consumers[0]}–{consumers[-1]})" if consumers else ""))
+    m = re.match(r"(one|two|three|four)-consumers?$", variant)
+    if m and NUMBER_WORDS[m.group(1)] != groups:
+        text += (f", not {NUMBER_WORDS[m.group(1)]}: at the traced shape this variant runs its "
+                 f"{groups}-consumer kernel")
+    return text
 
 
 def note_figures(notes_dir, written):
