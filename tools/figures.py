@@ -16,15 +16,19 @@ DIR/<gpu>-trace-07.csv, and writes, for each results file <gpu>.csv:
                                 it (notes/*.md; a note's roofline picks out the note's rung)
   <gpu>_workspace.svg|png       workspace bytes against sequence length
   <gpu>_sparsity.svg|png        time against block density: block-sparse rungs and torch-flex
-  <gpu>_dropout.svg|png         TFLOP/s with dropout over TFLOP/s without, same shape
+  <gpu>_dropout.svg|png         TFLOP/s with dropout over TFLOP/s without, same shape and run,
+                                from the files of the current dropout scheme (DROPOUT_RESULTS
+                                below --results, e.g. dropout-h200/dropout-454cbb6.csv) for the
+                                GPU that measured them
   <gpu>_timeline_<variant>.svg|png  the rung-07 trace: one row per warp, one bar per phase
 into the figures folder (default notes/figures), and the table between <!-- results:begin -->
 and <!-- results:end --> in the README. The first three figures and the table use the dense rows
 without dropout. A ceiling is the newest row (the last in the file) of that name for the results
 file's GPU; with none, no ceiling line is drawn and the figure says so. With no results yet it
-writes that in the README and exits 0. A ratio of a rung to a peer (the README table, the dropout
-figure) takes both rows from one run (the run column: one invocation of tools/gpu_check.sh,
-which times the rungs and the peers side by side). Rows from before run ids have run
+writes that in the README and exits 0. A ratio of a rung to a peer (the README table) takes both
+rows from one run (the run column: one invocation of tools/gpu_check.sh, which times the rungs
+and the peers side by side), and so does the dropout figure's ratio of a kernel at p to itself
+at p = 0 (the median over the runs of its file). Rows from before run ids have run
 commit:<commit>: they pair by commit, the latest such peer row. Nothing here is typed by hand:
 every number comes from the CSV files. The figures need matplotlib (Debian: python3-matplotlib);
 the README table does not.
@@ -65,6 +69,12 @@ OPTIONAL_COLUMNS = {"dropout": 0.0, "density": 1.0}
 CEILINGS_FILE = "ceilings.csv"
 CEILING_COLUMNS = "gpu,cuda,commit,ceiling,value,unit,method".split(",")
 TRACE_COLUMNS = "variant,warp,role,phase,tile,t0_ns,t1_ns".split(",")
+# The dropout figure's rows: the committed measurements of the current dropout scheme (8-bit
+# uniforms, one Philox call per 16 x 32 block: docs/CONTRACT.md), under --results, oldest first.
+# A rung's or peer's series comes from the newest file that has it (rung 06 from 73735f8, rung 07
+# and torch-flash from 454cbb6). Dropout rows of <gpu>.csv are of the older 16-bit scheme and are
+# not drawn.
+DROPOUT_RESULTS = ("dropout-h200/dropout-73735f8.csv", "dropout-h200/dropout-454cbb6.csv")
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 # flash-attention's benchmark shapes: B*N = 16384 tokens, H*d = 2048.
@@ -665,47 +675,78 @@ def fig_sparsity(plt, rows, gpu, tag, out_dir, names, written):
     plt.close(fig)
 
 
-def fig_dropout(plt, rows, history, gpu, tag, out_dir, names, written):
-    """(e) the dropout overhead: each GPU rung's and peer's TFLOP/s with dropout p over its own
-    TFLOP/s without dropout at the same shape (measured in the same run where there is such a
-    row, else the latest), against seq."""
-    drop = [r for r in rows if r.dropout > 0 and r.density == 1 and r.tflops > 0 and
-            (r.peer or r.step not in CPU_RUNGS)]
-    points = defaultdict(list)  # (direction, dim, causal) -> [(series, seq, ratio)]
-    for r in drop:
-        key = r.key()[:-2] + (0.0, r.density)
-        base = [h for h in history if h.key() == key and h.tflops > 0]
-        same = [h for h in base if h.run == r.run]
-        if not (same or base):
+def dropout_series(results):
+    """{(step, dtype): (path, rows)}: each rung's and peer's rows (every pass, file order) from
+    the newest of the DROPOUT_RESULTS files under --results that has dropout rows of it. A file
+    that is not there is skipped; a link, a FIFO or a folder in its place is refused."""
+    chosen = {}
+    for name in DROPOUT_RESULTS:
+        path = results / name
+        if not os.path.lexists(path.parent):
             continue
-        b = (same or base)[-1]
-        points[(r.direction, r.dim, r.causal)].append(((r.step, r.dtype, r.dropout), r.seq_q,
-                                                       r.tflops / b.tflops))
-    if not points:
+        pathargs.input_dir(path.parent, "--results")
+        if pathargs.input_file(path, "--results", missing_ok=True) is None:
+            continue
+        series = defaultdict(list)
+        for r in load(path, latest=False):
+            if not r.variant and r.density == 1 and r.tflops > 0 and \
+                    (r.peer or r.step not in CPU_RUNGS):
+                series[(r.step, r.dtype)].append(r)
+        for key, rs in series.items():
+            if any(r.dropout > 0 for r in rs):
+                chosen[key] = (path, rs)
+    return chosen
+
+
+def fig_dropout(plt, series, gpu, tag, out_dir, names, written):
+    """(e) the cost of dropout in the current scheme (DROPOUT_RESULTS): each GPU rung's and
+    peer's TFLOP/s with dropout p over its own TFLOP/s at p = 0, same shape and same run (one
+    pass of tools/alternate.sh), the median over the runs, against seq."""
+    # (direction, dim, causal) -> {((step, dtype), p, seq): [ratio of each run]}
+    ratios = defaultdict(lambda: defaultdict(list))
+    commits, runs = {}, {}
+    for (step, dtype), (path, rs) in series.items():
+        if gpu not in {r.gpu for r in rs}:
+            continue
+        base = {(r.key()[:-2], r.run): r for r in rs if r.dropout == 0}
+        for r in rs:
+            b = base.get((r.key()[:-2], r.run)) if r.dropout > 0 else None
+            if b is None or r.gpu != gpu:
+                continue
+            ratios[(r.direction, r.dim, r.causal)][((step, dtype), r.dropout, r.seq_q)].append(
+                r.tflops / b.tflops)
+            commits.setdefault((step, dtype), set()).add(r.commit)
+            runs.setdefault((step, dtype), set()).add(r.run)
+    if not ratios:
         return
-    dirs = [d for d in ("fwd", "bwd") if any(k[0] == d for k in points)]
-    combos = sorted({k[1:] for k in points})
-    seqs = sorted({s for pts in points.values() for _, s, _ in pts})
+    dirs = [d for d in ("fwd", "bwd") if any(k[0] == d for k in ratios)]
+    combos = sorted({k[1:] for k in ratios})
+    seqs = sorted({seq for pts in ratios.values() for _, _, seq in pts})
+    dropouts = sorted({p for pts in ratios.values() for _, p, _ in pts})
     fig, axes = plt.subplots(len(dirs), len(combos), squeeze=False, sharex=True, sharey=True,
-                             figsize=(3.6 * len(combos) + 2.2, 3.0 * len(dirs) + 0.8))
-    dropouts = sorted({k[2] for pts in points.values() for k, _, _ in pts})
+                             figsize=(3.6 * len(combos) + 2.6, 3.0 * len(dirs) + 1.0))
     markers = {p: "osD^v<>"[i % 7] for i, p in enumerate(dropouts)}
     handles = {}
     for i, direction in enumerate(dirs):
         for j, (dim, causal) in enumerate(combos):
             ax = axes[i][j]
-            series = defaultdict(list)
-            for k, seq, ratio in points.get((direction, dim, causal), []):
-                series[k].append((seq, ratio))
-            for k in sorted(series, key=lambda k: (order(k[0]), k[1], k[2])):
-                pts = sorted(series[k])
-                st = style(k[0])
+            lines = defaultdict(list)
+            for (key, p, seq), values in ratios.get((direction, dim, causal), {}).items():
+                values = sorted(values)
+                n = len(values)
+                median = (values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2)
+                lines[(key, p)].append((seq, median))
+            for (key, p) in sorted(lines, key=lambda k: (order(k[0][0]), k[0][1], k[1])):
+                pts = sorted(lines[(key, p)])
+                st = style(key[0])
                 (h,) = ax.plot([x for x, _ in pts], [y for _, y in pts], color=st["color"],
-                               linestyle=st["linestyle"], marker=markers[k[2]], markersize=4,
-                               markerfacecolor="white" if k[0] in PEER_STYLE else st["color"])
-                handles.setdefault(k[:2], h)
+                               linestyle=st["linestyle"], marker=markers[p], markersize=5,
+                               markerfacecolor="white" if key[0] in PEER_STYLE else st["color"],
+                               zorder=2 if key[0] in PEER_STYLE else 3)  # rungs on top
+                handles.setdefault(key, h)
             ax.axhline(1.0, color="#999999", lw=0.8)
             seq_ticks(ax, seqs)
+            ax.set_ylim(0, 1.1)
             ax.grid(True, which="major", alpha=0.3)
             ax.set_title(f"{direction}, d = {dim}, {'causal' if causal else 'not causal'}",
                          fontsize=9)
@@ -715,16 +756,20 @@ def fig_dropout(plt, rows, history, gpu, tag, out_dir, names, written):
                 ax.set_xlabel("sequence length N")
     keys = sorted(handles, key=lambda k: (order(k[0]), k[1]))
     legend_handles = [handles[k] for k in keys]
-    legend_labels = [f"{label(s, names)} ({t})" for s, t in keys]
+    legend_labels = [f"{label(s, names)} ({t}, commit {', '.join(sorted(commits[(s, t)]))}, "
+                     f"{len(runs[(s, t)])} run{'s' if len(runs[(s, t)]) != 1 else ''})"
+                     for s, t in keys]
     for p, m in markers.items():
         (h,) = axes[0][0].plot([], [], color="#444444", linestyle="none", marker=m)
         legend_handles.append(h)
         legend_labels.append(f"dropout p = {p:g}")
     fig.legend(legend_handles, legend_labels, loc="center left", bbox_to_anchor=(1.0, 0.5),
                frameon=False, fontsize=9)
-    fig.suptitle(f"{gpu}: the cost of dropout, each rung and peer against itself without "
-                 "dropout at the same shape\n(1 = free; below 1: slower by that factor)",
-                 fontsize=10)
+    files = ", ".join(sorted({shown(path) for path, rs in series.values()
+                              if gpu in {r.gpu for r in rs}}))
+    fig.suptitle(f"{gpu}: the cost of dropout, each rung and peer against itself at p = 0 in the "
+                 "same run (the median over the runs)\n(1 = free; below 1: slower by that "
+                 f"factor); from {files}", fontsize=10)
     fig.tight_layout()
     save(fig, out_dir, f"{tag}_dropout", written)
     plt.close(fig)
@@ -1312,6 +1357,7 @@ def main(argv=None):
     else:
         plt = import_pyplot()
         names = rung_names()
+        drop = dropout_series(results)
         body = []
         for path, rows in data:
             tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.stem)
@@ -1329,8 +1375,8 @@ def main(argv=None):
                 fig_roofline(plt, plain, gpu, tag, out_dir, names, written, ceil, highlight=rung)
             fig_workspace(plt, plain, gpu, tag, out_dir, names, written)
             fig_sparsity(plt, rows, gpu, tag, out_dir, names, written)
-            fig_dropout(plt, [r for r in rows if not r.variant],
-                        [h for h in history if not h.variant], gpu, tag, out_dir, names, written)
+            for g in unique(r.gpu for r in rows):
+                fig_dropout(plt, drop, g, tag, out_dir, names, written)
             fig_variants(plt, rows, gpu, tag, out_dir, names, written, ceil)
             trace_path = results / f"{path.stem}-trace-07.csv"
             if pathargs.input_file(trace_path, "--results", missing_ok=True) is not None:
