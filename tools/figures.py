@@ -522,11 +522,21 @@ def fig_roofline(plt, rows, gpu, tag, out_dir, names, written, ceil, highlight=N
     legend_right(fig, axes[0][0], [handles[k] for k in keys], labels, markers)
     mark = (f"{label(highlight, names)} highlighted (bold), every other series faded; "
             if highlight else "")
+    # Say only what is drawn: the peers, and the bytes models of the entries present.
+    drawn = {s for s, _ in handles}
+    who = ("filled: ladder rungs; open: PyTorch SDPA" if drawn & set(PEER_STYLE) else
+           "ladder rungs only (no PyTorch peer row)")
+    materialise = [label(s, names) if s in names else s for s in ("03", "torch-math")
+                   if s in drawn]
+    if materialise:
+        model = (f"bytes: S and P written and read back for {' and '.join(materialise)}, which "
+                 "materialise them (step 03's note's model); the compulsory Q, K, V, O for "
+                 "the fused others")
+    else:
+        model = "bytes: the compulsory Q, K, V, O (every entry keeps S and P on chip)"
     fig.suptitle(f"{gpu}: roofline, {mark}flash-attention shapes, seq {min(r.seq_q for r in sel)}…"
-                 f"{max(r.seq_q for r in sel)} left to right\nfilled: ladder rungs; open: "
-                 f"PyTorch SDPA; fp32 and {half}; {ceiling_source(ceil)}\nbytes: S and P "
-                 "written and read back for step 03 and torch-math, which materialise them "
-                 "(step 03's note's model); the compulsory Q, K, V, O for the fused others",
+                 f"{max(r.seq_q for r in sel)} left to right\n{who}; fp32 and {half}; "
+                 f"{ceiling_source(ceil)}\n{model}",
                  fontsize=10)
     fig.tight_layout()
     save(fig, out_dir, f"{tag}_roofline" + (f"_{highlight}" if highlight else ""), written)
