@@ -12,17 +12,23 @@ DIR/<gpu>-trace-07.csv, and writes, for each results file <gpu>.csv:
   <gpu>_tflops_<dtype>.svg|png  TFLOP/s against sequence length, each rung next to the PyTorch
                                 peers of the same dtype, under the measured compute ceilings
   <gpu>_roofline.svg|png        every GPU rung and peer under the measured ceilings
+  <gpu>_roofline_<NN>.svg|png   the same with rung NN highlighted, for each NN whose note embeds
+                                it (notes/*.md; a note's roofline picks out the note's rung)
   <gpu>_workspace.svg|png       workspace bytes against sequence length
   <gpu>_sparsity.svg|png        time against block density: block-sparse rungs and torch-flex
-  <gpu>_dropout.svg|png         TFLOP/s with dropout over TFLOP/s without, same shape
+  <gpu>_dropout.svg|png         TFLOP/s with dropout over TFLOP/s without, same shape and run,
+                                from the files of the current dropout scheme (DROPOUT_RESULTS
+                                below --results, e.g. dropout-h200/dropout-454cbb6.csv) for the
+                                GPU that measured them
   <gpu>_timeline_<variant>.svg|png  the rung-07 trace: one row per warp, one bar per phase
 into the figures folder (default notes/figures), and the table between <!-- results:begin -->
 and <!-- results:end --> in the README. The first three figures and the table use the dense rows
 without dropout. A ceiling is the newest row (the last in the file) of that name for the results
 file's GPU; with none, no ceiling line is drawn and the figure says so. With no results yet it
-writes that in the README and exits 0. A ratio of a rung to a peer (the README table, the dropout
-figure) takes both rows from one run (the run column: one invocation of tools/gpu_check.sh,
-which times the rungs and the peers side by side). Rows from before run ids have run
+writes that in the README and exits 0. A ratio of a rung to a peer (the README table) takes both
+rows from one run (the run column: one invocation of tools/gpu_check.sh, which times the rungs
+and the peers side by side), and so does the dropout figure's ratio of a kernel at p to itself
+at p = 0 (the median over the runs of its file). Rows from before run ids have run
 commit:<commit>: they pair by commit, the latest such peer row. Nothing here is typed by hand:
 every number comes from the CSV files. The figures need matplotlib (Debian: python3-matplotlib);
 the README table does not.
@@ -63,6 +69,12 @@ OPTIONAL_COLUMNS = {"dropout": 0.0, "density": 1.0}
 CEILINGS_FILE = "ceilings.csv"
 CEILING_COLUMNS = "gpu,cuda,commit,ceiling,value,unit,method".split(",")
 TRACE_COLUMNS = "variant,warp,role,phase,tile,t0_ns,t1_ns".split(",")
+# The dropout figure's rows: the committed measurements of the current dropout scheme (8-bit
+# uniforms, one Philox call per 16 x 32 block: docs/CONTRACT.md), under --results, oldest first.
+# A rung's or peer's series comes from the newest file that has it (rung 06 from 73735f8, rung 07
+# and torch-flash from 454cbb6). Dropout rows of <gpu>.csv are of the older 16-bit scheme and are
+# not drawn.
+DROPOUT_RESULTS = ("dropout-h200/dropout-73735f8.csv", "dropout-h200/dropout-454cbb6.csv")
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 # flash-attention's benchmark shapes: B*N = 16384 tokens, H*d = 2048.
@@ -387,9 +399,14 @@ def fig_tflops(plt, rows, gpu, tag, out_dir, names, written, ceil):
         legend_right(fig, axes[0][0], [handles[s] for s in steps],
                      [label(s, names) for s in steps])
         note = "" if ceil else f"\n{ceiling_source(ceil)}"
-        peers = ("PyTorch SDPA and FlexAttention" if any(r.step == "torch-flex" for r in sel)
-                 else "PyTorch SDPA")
-        fig.suptitle(f"{gpu}: {dtype} attention, rungs (solid) and {peers} (dashed)\n"
+        # Announce only the peers drawn: a GPU whose results file has no peer row says so.
+        drawn = {s for s in handles if s in PEER_STYLE}
+        peers = " and ".join(what for what, has in (
+            ("PyTorch SDPA", drawn - {"torch-flex"}), ("FlexAttention", "torch-flex" in drawn))
+            if has)
+        who = (f"rungs (solid) and {peers} (dashed or dotted)" if peers else
+               f"rungs only (no PyTorch peer row in {tag}.csv to draw)")
+        fig.suptitle(f"{gpu}: {dtype} attention, {who}\n"
                      f"flash-attention shapes: B·N = {TOKENS}, H·d = {HIDDEN}; "
                      f"fwd FLOPs 4·B·H·N²·d (halved when causal), bwd 2.5× fwd{note}", fontsize=10)
         fig.tight_layout()
@@ -398,16 +415,27 @@ def fig_tflops(plt, rows, gpu, tag, out_dir, names, written, ceil):
 
 
 def own_bytes(r):
-    """The HBM bytes a row's rung moves by its own traffic model (its note's cost model), or
-    None for the compulsory bytes the CSV's GB/s were computed from. Step 03 writes S and P to
-    HBM and reads them back: 4(2Md + 2Nd + 4MN) bytes per (batch, head) forward and
-    4(6Md + 4Nd + 7MN) backward, in fp32 (notes/03_naive_cuda.md, "Cost model"). Every other
-    rung and peer keeps S and P on chip and moves the compulsory bytes."""
-    if r.step == "03" and r.dtype == "fp32":
-        m, n, d = r.seq_q, r.seq_k, r.dim
+    """The HBM bytes a row's rung or peer moves by its own traffic model, or None for the
+    compulsory bytes the CSV's GB/s were computed from (Q, K, V read, O written; the backward
+    adds dO, dQ, dK, dV). Two entries materialise the scores: step 03 writes S and P to HBM and
+    reads them back, 4(2Md + 2Nd + 4MN) bytes per (batch, head) forward and 4(6Md + 4Nd + 7MN)
+    backward, in fp32 (notes/03_naive_cuda.md, "Cost model"); PyTorch's math backend
+    (torch-math) runs the same stages as separate kernels: S written by its GEMM and read by
+    the softmax, P written and read by PV (4MN forward); backward dP written, P read for dV,
+    P and dP read and dS written by the softmax's backward, dS read for dQ and for dK (7MN),
+    plus the compulsory bytes. Only its fp32 rows are modelled (in 16 bit it computes in fp32
+    by default, so the width of S is not the row's dtype): the roofline leaves its 16-bit rows
+    off. Every other rung and peer keeps S and P on chip and moves the compulsory bytes."""
+    if r.dtype != "fp32":
+        return None
+    m, n, d = r.seq_q, r.seq_k, r.dim
+    if r.step == "03":
         per_head = (2 * m * d + 2 * n * d + 4 * m * n) if r.direction == "fwd" else \
             (6 * m * d + 4 * n * d + 7 * m * n)
         return 4.0 * r.batch * r.heads * per_head
+    if r.step == "torch-math":
+        compulsory = r.gbps * 1e9 * r.ms * 1e-3
+        return compulsory + 4.0 * r.batch * r.heads * (4 if r.direction == "fwd" else 7) * m * n
     return None
 
 
@@ -421,10 +449,12 @@ def intensity(r):
     return 1e3 * r.tflops / r.gbps
 
 
-def fig_roofline(plt, rows, gpu, tag, out_dir, names, written, ceil):
+def fig_roofline(plt, rows, gpu, tag, out_dir, names, written, ceil, highlight=None):
     """(b) each GPU rung and peer by arithmetic intensity: FLOPs over the bytes the rung itself
-    moves (intensity: step 03's S and P round trips included), against the measured ceilings.
-    The same figure serves the README and the notes."""
+    moves (intensity: the S and P round trips of step 03 and torch-math included), against the
+    measured ceilings. <tag>_roofline serves the README; with highlight (a rung's number) the
+    figure is <tag>_roofline_<NN>, the same with that rung drawn bold and on top and every other
+    series faded: the roofline of that rung's note. Returns False when the rung has no point."""
     sel = [r for r in rows if r.flash_shape and not r.causal and r.gbps > 0 and r.tflops > 0 and
            r.step not in CPU_RUNGS]
     # fp16 sits where bf16 does (same bytes, same mma rate): draw one of them, bf16 first.
@@ -433,8 +463,8 @@ def fig_roofline(plt, rows, gpu, tag, out_dir, names, written, ceil):
     # efficient and math backends in 16 bit would only crowd the plot).
     sel = [r for r in sel if r.dtype == "fp32" or (r.dtype == half and r.step not in
                                                     ("torch-efficient", "torch-math"))]
-    if not sel:
-        return
+    if not sel or (highlight and not any(r.step == highlight for r in sel)):
+        return False
     dirs = [d for d in ("fwd", "bwd") if any(r.direction == d for r in sel)]
     fig, axes = plt.subplots(1, len(dirs), squeeze=False, figsize=(6.2 * len(dirs) + 1.5, 5.0))
     ai_all = [intensity(r) for r in sel]
@@ -468,9 +498,14 @@ def fig_roofline(plt, rows, gpu, tag, out_dir, names, written, ceil):
                                                                               kv[0][1:])):
             pts.sort()
             st = style(step)
+            # The note's own rung bold and on top; the rest faded behind it.
+            mine = highlight is not None and step == highlight
+            faded = highlight is not None and not mine
             (h,) = ax.plot([x for x, _ in pts], [y for _, y in pts], color=st["color"],
-                           linestyle=st["linestyle"], lw=0.8, marker=markers[dim], markersize=4,
-                           markerfacecolor="white" if step in PEER_STYLE else st["color"])
+                           linestyle=st["linestyle"], lw=2.2 if mine else 0.8,
+                           marker=markers[dim], markersize=7 if mine else 4,
+                           markerfacecolor="white" if step in PEER_STYLE else st["color"],
+                           alpha=0.3 if faded else 1.0, zorder=5 if mine else 2)
             handles.setdefault((step, dtype), h)
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -482,16 +517,47 @@ def fig_roofline(plt, rows, gpu, tag, out_dir, names, written, ceil):
         ax.set_xlabel("arithmetic intensity, FLOPs / HBM bytes the rung moves")
         ax.set_ylabel("TFLOP/s")
     keys = sorted(handles, key=lambda k: (order(k[0]), k[1]))
-    labels = [f"{label(s, names)} ({t})" for s, t in keys]
+    labels = [f"{label(s, names)} ({t})" + ("  ← this note" if s == highlight else "")
+              for s, t in keys]
     legend_right(fig, axes[0][0], [handles[k] for k in keys], labels, markers)
-    fig.suptitle(f"{gpu}: roofline, flash-attention shapes, seq {min(r.seq_q for r in sel)}…"
-                 f"{max(r.seq_q for r in sel)} left to right\nfilled: ladder rungs; open: "
-                 f"PyTorch SDPA; fp32 and {half}; {ceiling_source(ceil)}\nbytes: step 03's "
-                 "S and P round trips (its note's model), the compulsory Q, K, V, O for the "
-                 "others", fontsize=10)
+    mark = (f"{label(highlight, names)} highlighted (bold), every other series faded; "
+            if highlight else "")
+    # Say only what is drawn: the peers, and the bytes models of the entries present.
+    drawn = {s for s, _ in handles}
+    who = ("filled: ladder rungs; open: PyTorch SDPA" if drawn & set(PEER_STYLE) else
+           "ladder rungs only (no PyTorch peer row)")
+    materialise = [label(s, names) if s in names else s for s in ("03", "torch-math")
+                   if s in drawn]
+    if materialise:
+        model = (f"bytes: S and P written and read back for {' and '.join(materialise)}, which "
+                 "materialise them (step 03's note's model); the compulsory Q, K, V, O for "
+                 "the fused others")
+    else:
+        model = "bytes: the compulsory Q, K, V, O (every entry keeps S and P on chip)"
+    fig.suptitle(f"{gpu}: roofline, {mark}flash-attention shapes, seq {min(r.seq_q for r in sel)}…"
+                 f"{max(r.seq_q for r in sel)} left to right\n{who}; fp32 and {half}; "
+                 f"{ceiling_source(ceil)}\n{model}",
+                 fontsize=10)
     fig.tight_layout()
-    save(fig, out_dir, f"{tag}_roofline", written)
+    save(fig, out_dir, f"{tag}_roofline" + (f"_{highlight}" if highlight else ""), written)
     plt.close(fig)
+    return True
+
+
+def roofline_highlights(notes_dir, tag):
+    """The rungs whose highlighted roofline a note embeds (![...](figures/<tag>_roofline_NN.svg)
+    in notes/*.md): each note shows its own rung picked out, and no such figure is drawn that
+    no note shows."""
+    wanted = set()
+    pattern = re.compile(r"!\[[^\]]*\]\(figures/" + re.escape(tag) + r"_roofline_(\d\d)\.svg\)")
+    for note in sorted(Path(notes_dir).glob("*.md")):
+        try:
+            text = pathargs.read_text(note, "notes")
+        except PathError as e:  # a note that cannot be read asks for no figure
+            print(f"figures: warning: {e}", file=sys.stderr)
+            continue
+        wanted.update(pattern.findall(text))
+    return sorted(wanted)
 
 
 def fig_workspace(plt, rows, gpu, tag, out_dir, names, written):
@@ -619,47 +685,78 @@ def fig_sparsity(plt, rows, gpu, tag, out_dir, names, written):
     plt.close(fig)
 
 
-def fig_dropout(plt, rows, history, gpu, tag, out_dir, names, written):
-    """(e) the dropout overhead: each GPU rung's and peer's TFLOP/s with dropout p over its own
-    TFLOP/s without dropout at the same shape (measured in the same run where there is such a
-    row, else the latest), against seq."""
-    drop = [r for r in rows if r.dropout > 0 and r.density == 1 and r.tflops > 0 and
-            (r.peer or r.step not in CPU_RUNGS)]
-    points = defaultdict(list)  # (direction, dim, causal) -> [(series, seq, ratio)]
-    for r in drop:
-        key = r.key()[:-2] + (0.0, r.density)
-        base = [h for h in history if h.key() == key and h.tflops > 0]
-        same = [h for h in base if h.run == r.run]
-        if not (same or base):
+def dropout_series(results):
+    """{(step, dtype): (path, rows)}: each rung's and peer's rows (every pass, file order) from
+    the newest of the DROPOUT_RESULTS files under --results that has dropout rows of it. A file
+    that is not there is skipped; a link, a FIFO or a folder in its place is refused."""
+    chosen = {}
+    for name in DROPOUT_RESULTS:
+        path = results / name
+        if not os.path.lexists(path.parent):
             continue
-        b = (same or base)[-1]
-        points[(r.direction, r.dim, r.causal)].append(((r.step, r.dtype, r.dropout), r.seq_q,
-                                                       r.tflops / b.tflops))
-    if not points:
+        pathargs.input_dir(path.parent, "--results")
+        if pathargs.input_file(path, "--results", missing_ok=True) is None:
+            continue
+        series = defaultdict(list)
+        for r in load(path, latest=False):
+            if not r.variant and r.density == 1 and r.tflops > 0 and \
+                    (r.peer or r.step not in CPU_RUNGS):
+                series[(r.step, r.dtype)].append(r)
+        for key, rs in series.items():
+            if any(r.dropout > 0 for r in rs):
+                chosen[key] = (path, rs)
+    return chosen
+
+
+def fig_dropout(plt, series, gpu, tag, out_dir, names, written):
+    """(e) the cost of dropout in the current scheme (DROPOUT_RESULTS): each GPU rung's and
+    peer's TFLOP/s with dropout p over its own TFLOP/s at p = 0, same shape and same run (one
+    pass of tools/alternate.sh), the median over the runs, against seq."""
+    # (direction, dim, causal) -> {((step, dtype), p, seq): [ratio of each run]}
+    ratios = defaultdict(lambda: defaultdict(list))
+    commits, runs = {}, {}
+    for (step, dtype), (path, rs) in series.items():
+        if gpu not in {r.gpu for r in rs}:
+            continue
+        base = {(r.key()[:-2], r.run): r for r in rs if r.dropout == 0}
+        for r in rs:
+            b = base.get((r.key()[:-2], r.run)) if r.dropout > 0 else None
+            if b is None or r.gpu != gpu:
+                continue
+            ratios[(r.direction, r.dim, r.causal)][((step, dtype), r.dropout, r.seq_q)].append(
+                r.tflops / b.tflops)
+            commits.setdefault((step, dtype), set()).add(r.commit)
+            runs.setdefault((step, dtype), set()).add(r.run)
+    if not ratios:
         return
-    dirs = [d for d in ("fwd", "bwd") if any(k[0] == d for k in points)]
-    combos = sorted({k[1:] for k in points})
-    seqs = sorted({s for pts in points.values() for _, s, _ in pts})
+    dirs = [d for d in ("fwd", "bwd") if any(k[0] == d for k in ratios)]
+    combos = sorted({k[1:] for k in ratios})
+    seqs = sorted({seq for pts in ratios.values() for _, _, seq in pts})
+    dropouts = sorted({p for pts in ratios.values() for _, p, _ in pts})
     fig, axes = plt.subplots(len(dirs), len(combos), squeeze=False, sharex=True, sharey=True,
-                             figsize=(3.6 * len(combos) + 2.2, 3.0 * len(dirs) + 0.8))
-    dropouts = sorted({k[2] for pts in points.values() for k, _, _ in pts})
+                             figsize=(3.6 * len(combos) + 2.6, 3.0 * len(dirs) + 1.0))
     markers = {p: "osD^v<>"[i % 7] for i, p in enumerate(dropouts)}
     handles = {}
     for i, direction in enumerate(dirs):
         for j, (dim, causal) in enumerate(combos):
             ax = axes[i][j]
-            series = defaultdict(list)
-            for k, seq, ratio in points.get((direction, dim, causal), []):
-                series[k].append((seq, ratio))
-            for k in sorted(series, key=lambda k: (order(k[0]), k[1], k[2])):
-                pts = sorted(series[k])
-                st = style(k[0])
+            lines = defaultdict(list)
+            for (key, p, seq), values in ratios.get((direction, dim, causal), {}).items():
+                values = sorted(values)
+                n = len(values)
+                median = (values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2)
+                lines[(key, p)].append((seq, median))
+            for (key, p) in sorted(lines, key=lambda k: (order(k[0][0]), k[0][1], k[1])):
+                pts = sorted(lines[(key, p)])
+                st = style(key[0])
                 (h,) = ax.plot([x for x, _ in pts], [y for _, y in pts], color=st["color"],
-                               linestyle=st["linestyle"], marker=markers[k[2]], markersize=4,
-                               markerfacecolor="white" if k[0] in PEER_STYLE else st["color"])
-                handles.setdefault(k[:2], h)
+                               linestyle=st["linestyle"], marker=markers[p], markersize=5,
+                               markerfacecolor="white" if key[0] in PEER_STYLE else st["color"],
+                               zorder=2 if key[0] in PEER_STYLE else 3)  # rungs on top
+                handles.setdefault(key, h)
             ax.axhline(1.0, color="#999999", lw=0.8)
             seq_ticks(ax, seqs)
+            ax.set_ylim(0, 1.1)
             ax.grid(True, which="major", alpha=0.3)
             ax.set_title(f"{direction}, d = {dim}, {'causal' if causal else 'not causal'}",
                          fontsize=9)
@@ -669,16 +766,20 @@ def fig_dropout(plt, rows, history, gpu, tag, out_dir, names, written):
                 ax.set_xlabel("sequence length N")
     keys = sorted(handles, key=lambda k: (order(k[0]), k[1]))
     legend_handles = [handles[k] for k in keys]
-    legend_labels = [f"{label(s, names)} ({t})" for s, t in keys]
+    legend_labels = [f"{label(s, names)} ({t}, commit {', '.join(sorted(commits[(s, t)]))}, "
+                     f"{len(runs[(s, t)])} run{'s' if len(runs[(s, t)]) != 1 else ''})"
+                     for s, t in keys]
     for p, m in markers.items():
         (h,) = axes[0][0].plot([], [], color="#444444", linestyle="none", marker=m)
         legend_handles.append(h)
         legend_labels.append(f"dropout p = {p:g}")
     fig.legend(legend_handles, legend_labels, loc="center left", bbox_to_anchor=(1.0, 0.5),
                frameon=False, fontsize=9)
-    fig.suptitle(f"{gpu}: the cost of dropout, each rung and peer against itself without "
-                 "dropout at the same shape\n(1 = free; below 1: slower by that factor)",
-                 fontsize=10)
+    files = ", ".join(sorted({shown(path) for path, rs in series.values()
+                              if gpu in {r.gpu for r in rs}}))
+    fig.suptitle(f"{gpu}: the cost of dropout, each rung and peer against itself at p = 0 in the "
+                 "same run (the median over the runs)\n(1 = free; below 1: slower by that "
+                 f"factor); from {files}", fontsize=10)
     fig.tight_layout()
     save(fig, out_dir, f"{tag}_dropout", written)
     plt.close(fig)
@@ -705,34 +806,70 @@ def fig_variants(plt, rows, gpu, tag, out_dir, names, written, ceil):
             v = r.step.split("/")[1] if r.variant else None
             if v and v not in names_in_order:
                 names_in_order.append(v)
-        cols = names_in_order + ["(default)"]
+        path, side = path_and_side(names_in_order)
         ceiling = ceil.get(RUNG_CEILING[rung])
-        fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, 2.2 + 1.9 * len(panels)),
+        color = RUNG_COLOR.get(rung, "#333")
+        width = max(8.5, 1.0 + 0.72 * (len(path) + len(side) + 1))
+        fig, axes = plt.subplots(len(panels), 1, figsize=(width, 2.6 + 2.1 * len(panels)),
                                  squeeze=False)
         for ax, (dtype, dim, causal) in zip(axes[:, 0], panels):
             at = {(r.step.split("/")[1] if r.variant else "(default)"): r.tflops
                   for r in rs if (r.dtype, r.dim, r.causal) == (dtype, dim, causal)}
-            xs = [c for c in cols if c in at]
-            bars = ax.bar(range(len(xs)), [at[c] for c in xs], color=RUNG_COLOR.get(rung, "#333"))
-            for b, c in zip(bars, xs):
+            # The path left to right, ending at the default; the side variants apart, right of
+            # a gap and a dashed rule, hatched and paler: they are not steps on the path.
+            on_path = [c for c in path + ["(default)"] if c in at]
+            beside = [c for c in side if c in at]
+            xs = list(range(len(on_path))) + [len(on_path) + 0.6 + i for i in range(len(beside))]
+            cols = on_path + beside
+            bars = ax.bar(xs, [at[c] for c in cols], color=color)
+            for b, c in zip(bars, cols):
+                if c in beside:
+                    b.set_facecolor("white")
+                    b.set_edgecolor(color)
+                    b.set_hatch("//")
                 pct = f"\n{100 * at[c] / ceiling.value:.0f}%" if ceiling else ""
                 ax.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{at[c]:.0f}{pct}",
                         ha="center", va="bottom", fontsize=7)
-            ax.set_xticks(range(len(xs)))
-            ax.set_xticklabels(xs, fontsize=8)
+            top = max([ceiling.value * (1.2 if beside else 1.08) if ceiling else 0] +
+                      [v * (1.35 if beside else 1.25) for v in at.values()])
+            if beside:
+                x_rule = len(on_path) - 0.2
+                ax.axvline(x_rule, color="#888", linestyle="--", linewidth=0.8)
+                ax.text(x_rule - 0.1, top * 0.99, "the path", ha="right", va="top",
+                        fontsize=7, color="#555")
+                ax.text(x_rule + 0.1, top * 0.99, "beside the path", ha="left", va="top",
+                        fontsize=7, color="#555")
+            ax.set_xticks(xs)
+            # Slanted labels, anchored at their right end under the bar: long names never meet.
+            ax.set_xticklabels(cols, fontsize=8, rotation=30, ha="right", rotation_mode="anchor")
             ax.set_ylabel("TFLOP/s")
             ax.set_title(f"{dtype}, d = {dim}, {'causal' if causal else 'not causal'}",
                          fontsize=9)
             if ceiling:
                 ax.axhline(ceiling.value, color="#888", linestyle=":", linewidth=1)
-            ax.set_ylim(0, max([ceiling.value * 1.08 if ceiling else 0] +
-                               [v * 1.25 for v in at.values()]))
+            ax.set_ylim(0, top)
+        what = ("\nhatched, right of the dashed rule: variants beside the path (not steps on it)"
+                if side else "")
         fig.suptitle(f"{label(rung, names)}: one idea at a time, seq {TABLE_SEQ}, forward "
-                     f"({gpu}); % of the measured {RUNG_CEILING[rung]} ceiling"
-                     if ceiling else f"{label(rung, names)}: one idea at a time ({gpu})",
+                     f"({gpu}); % of the measured {RUNG_CEILING[rung]} ceiling{what}"
+                     if ceiling else f"{label(rung, names)}: one idea at a time ({gpu}){what}",
                      fontsize=9)
         fig.tight_layout()
         save(fig, out_dir, f"{tag}_variants_{rung}", written)
+        plt.close(fig)
+
+
+def path_and_side(variants):
+    """A rung's variants (in the sweep's order) split into its path and the variants beside it.
+    The descriptors name a step on the path '+idea' (it adds one idea to the variant before it)
+    after a first, the baseline ('row', 'baseline'); a rung that uses '+' names has its other
+    variants beside the path (05's 'fa1', the other loop order; 06's ablations 'no-swizzle',
+    'p-via-smem', ...). A rung without '+' names (07: each variant adds to the one before) is
+    all path."""
+    if not any(v.startswith("+") for v in variants[1:]):
+        return list(variants), []
+    path = [v for i, v in enumerate(variants) if i == 0 or v.startswith("+")]
+    return path, [v for v in variants if v not in path]
 
 
 def load_trace(path):
@@ -819,12 +956,35 @@ def fig_timeline(plt, trace, gpu, tag, out_dir, written):
                     mpatches.Patch(color=color[p])) for p in legend]
         ax.legend(handles, legend, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
                   fontsize=8)
-        ax.set_title(f"{gpu}: rung 07 timeline, variant {variant} (one thread block; bars are "
-                     "phases, numbers K/V tiles, ticks instant events)", fontsize=10)
+        ax.set_title(f"{gpu}: rung 07 timeline, variant {variant}\n"
+                     f"{trace_kernel(variant, role)}\n(one thread block; bars are phases, "
+                     "numbers K/V tiles, ticks instant events)", fontsize=10)
         fig.tight_layout()
         stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", variant)
         save(fig, out_dir, f"{tag}_timeline_{stem}", written)
         plt.close(fig)
+
+
+NUMBER_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4}
+
+
+def trace_kernel(variant, role):
+    """What a traced block shows, counted from the trace ({warp: role}): its producer warps and
+    its consumer warpgroups (4 warps each). A variant named for a number of consumers
+    ('three-consumers') whose trace has another number says so: at the traced shape the variant
+    ran another kernel (rung 07's 'three-consumers' runs its two-consumer kernel at d = 128)."""
+    producers = sorted(w for w, r in role.items() if r == "producer")
+    consumers = sorted(w for w, r in role.items() if r == "consumer")
+    groups = len({w // 4 for w in consumers})
+    text = ("traced: " + (f"{len(producers)} producer warp{'s' if len(producers) != 1 else ''}"
+                          if producers else "no producer warp") + f", {groups} consumer "
+            f"warpgroup{'s' if groups != 1 else ''}" +
+            (f" (warps {consumers[0]}–{consumers[-1]})" if consumers else ""))
+    m = re.match(r"(one|two|three|four)-consumers?$", variant)
+    if m and NUMBER_WORDS[m.group(1)] != groups:
+        text += (f", not {NUMBER_WORDS[m.group(1)]}: at the traced shape this variant runs its "
+                 f"{groups}-consumer kernel")
+    return text
 
 
 def note_figures(notes_dir, written):
@@ -1207,6 +1367,7 @@ def main(argv=None):
     else:
         plt = import_pyplot()
         names = rung_names()
+        drop = dropout_series(results)
         body = []
         for path, rows in data:
             tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.stem)
@@ -1220,10 +1381,12 @@ def main(argv=None):
             written = []
             fig_tflops(plt, plain, gpu, tag, out_dir, names, written, ceil)
             fig_roofline(plt, plain, gpu, tag, out_dir, names, written, ceil)
+            for rung in roofline_highlights(ROOT / "notes", tag):
+                fig_roofline(plt, plain, gpu, tag, out_dir, names, written, ceil, highlight=rung)
             fig_workspace(plt, plain, gpu, tag, out_dir, names, written)
             fig_sparsity(plt, rows, gpu, tag, out_dir, names, written)
-            fig_dropout(plt, [r for r in rows if not r.variant],
-                        [h for h in history if not h.variant], gpu, tag, out_dir, names, written)
+            for g in unique(r.gpu for r in rows):
+                fig_dropout(plt, drop, g, tag, out_dir, names, written)
             fig_variants(plt, rows, gpu, tag, out_dir, names, written, ceil)
             trace_path = results / f"{path.stem}-trace-07.csv"
             if pathargs.input_file(trace_path, "--results", missing_ok=True) is not None:
@@ -1231,7 +1394,9 @@ def main(argv=None):
                 if trace:
                     fig_timeline(plt, trace, gpu, tag, out_dir, written)
             figures += written
-            svgs = [w.path for w in written if w.suffix == ".svg"]
+            # The notes' highlighted rooflines are theirs: the README lists the others.
+            svgs = [w.path for w in written if w.suffix == ".svg" and
+                    not re.search(r"_roofline_\d\d$", w.stem)]
             try:
                 csv_rel = path.resolve().relative_to(readme.resolve().parent).as_posix()
                 svg_rel = [w.resolve().relative_to(readme.resolve().parent) for w in svgs]
