@@ -3,8 +3,11 @@
 #pragma once
 #include <exception>
 #include <iostream>
+#include <new>
 #include <stdexcept>
 #include <string>
+
+#include "memory.hpp"
 
 namespace ladder {
 
@@ -21,12 +24,17 @@ struct NoDevice : std::runtime_error {
 };
 
 // Runs fn() (which returns an exit status) and turns an exception into the status it stands
-// for, with its message on stderr: BadInput 2, NoDevice 3, anything else (a CUDA failure or
-// another bug: no result to trust) 1. Every step program and every `ladder` verb ends here.
+// for, with its message on stderr: BadInput 2, NoDevice 3, an allocation that failed (more
+// memory than the machine or `ulimit` gives, which the estimate did not foresee) 2 naming the
+// memory, anything else (a CUDA failure or another bug: no result to trust) 1. Every step
+// program and every `ladder` verb ends here.
 template <class Fn>
 int guarded(Fn&& fn) {
   try {
     return fn();
+  } catch (const std::bad_alloc&) {
+    std::cerr << "error: " << out_of_memory_message() << "\n";
+    return kExitBadInput;
   } catch (const BadInput& e) {
     std::cerr << "error: " << e.what() << "\n";
     return kExitBadInput;

@@ -2,9 +2,6 @@
 
 #include <unistd.h>
 
-#include <fcntl.h>
-#include <sys/file.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -18,6 +15,7 @@
 #include "error.hpp"
 #include "files.hpp"
 #include "problem.hpp"
+#include "publish.hpp"
 
 namespace ladder {
 
@@ -311,140 +309,12 @@ std::string npy_bytes(const Tensor& t, bool as_f64) {
   return out;
 }
 
-NpyWriteSet::~NpyWriteSet() {
-  if (!committed_) roll_back_staging();
-}
-
-void NpyWriteSet::roll_back_staging() {
-  std::error_code ec;
-  for (const File& f : files_) fs::remove(f.tmp, ec);
-  for (auto d = created_dirs_.rbegin(); d != created_dirs_.rend(); ++d)
-    fs::remove(*d, ec);  // only folders this set created, and only when empty
-  files_.clear();
-  created_dirs_.clear();
-}
-
-void NpyWriteSet::stage(const std::string& dir, const std::string& name, const Tensor& t,
-                        bool as_f64) {
-  std::error_code ec;
-  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
-    throw BadInput(dir + ": exists and is not a directory");
-  // The folders this set creates, deepest last: a failed set removes them again (if empty).
-  std::vector<std::string> fresh;
-  for (fs::path d = fs::absolute(dir, ec); !d.empty() && !fs::exists(d, ec); d = d.parent_path())
-    fresh.insert(fresh.begin(), d.string());
-  created_dirs_.insert(created_dirs_.end(), fresh.begin(), fresh.end());
-  fs::create_directories(dir, ec);
-  if (ec || !fs::is_directory(dir)) throw BadInput(dir + ": cannot create the output directory");
-  File f;
-  f.final_path = (fs::path(dir) / name).string();
-  require_replaceable(f.final_path, "saving");
-  int fd = -1;
-  f.tmp = create_unique_file(dir, name, fd);
-  files_.push_back(f);  // from here on the destructor removes it
-  const bool ok = write_all(fd, npy_bytes(t, as_f64));
-  const int saved = errno;
-  const bool closed = ::close(fd) == 0;
-  if (!ok || !closed)
-    throw BadInput(f.final_path + ": cannot write: " + std::strerror(ok ? errno : saved) +
-                   "; nothing was written");
-  if (std::find(dirs_.begin(), dirs_.end(), dir) == dirs_.end()) dirs_.push_back(dir);
-}
-
-void NpyWriteSet::clear(const std::string& dir) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return;  // nothing there to clear
-  if (std::find(dirs_.begin(), dirs_.end(), dir) == dirs_.end()) dirs_.push_back(dir);
-}
-
-namespace {
-// An exclusive flock on each folder for the length of a commit: two saves into one folder at
-// once take turns, so the folder ends with one of them whole, never a mix or a failure.
-class FolderLocks {
- public:
-  explicit FolderLocks(std::vector<std::string> dirs) {
-    std::sort(dirs.begin(), dirs.end());  // one order for every process: no deadlock
-    for (const std::string& d : dirs) {
-      const int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      if (fd < 0) continue;  // the renames below report what is wrong with the folder
-      while (::flock(fd, LOCK_EX) != 0 && errno == EINTR) {
-      }
-      fds_.push_back(fd);
-    }
-  }
-  FolderLocks(const FolderLocks&) = delete;
-  FolderLocks& operator=(const FolderLocks&) = delete;
-  ~FolderLocks() {
-    for (int fd : fds_) ::close(fd);  // closing releases the lock
-  }
-
- private:
-  std::vector<int> fds_;
-};
-}  // namespace
-
-void NpyWriteSet::commit(const std::vector<std::string>& stale) {
-  std::error_code ec;
-  const FolderLocks locks(dirs_);
-  // What the set replaces or removes is first renamed aside, so a failure can put it back.
-  std::vector<std::pair<std::string, std::string>> aside;  // original path, backup path
-  auto move_aside = [&](const std::string& path) {
-    const fs::file_type type = fs::symlink_status(path, ec).type();
-    if (type == fs::file_type::not_found) return;
-    if (type != fs::file_type::regular)
-      throw BadInput(path +
-                     ": not a regular file (a directory, link, FIFO or device); a save "
-                     "replaces regular files only, so nothing was written");
-    int fd = -1;
-    const fs::path p(path);
-    const std::string backup =
-        create_unique_file(p.parent_path().string(), p.filename().string() + ".old", fd);
-    ::close(fd);
-    fs::rename(path, backup, ec);
-    if (ec) {
-      const std::error_code why = ec;  // before remove() below resets ec
-      fs::remove(backup, ec);
-      if (why == std::errc::no_such_file_or_directory) return;  // gone already: nothing to keep
-      throw BadInput(path + ": cannot move it aside to replace it: " + why.message() +
-                     "; nothing was written");
-    }
-    aside.push_back({path, backup});
-  };
-  std::vector<const File*> placed;
-  auto roll_back = [&] {
-    for (const File* f : placed) fs::rename(f->final_path, f->tmp, ec);
-    for (auto it = aside.rbegin(); it != aside.rend(); ++it) fs::rename(it->second, it->first, ec);
-    roll_back_staging();
-  };
-  try {
-    for (const File& f : files_) move_aside(f.final_path);
-    for (const std::string& dir : dirs_)
-      for (const std::string& name : stale) {
-        const std::string path = (fs::path(dir) / name).string();
-        const bool written = std::any_of(files_.begin(), files_.end(),
-                                         [&](const File& f) { return f.final_path == path; });
-        if (!written) move_aside(path);
-      }
-    for (const File& f : files_) {
-      fs::rename(f.tmp, f.final_path, ec);
-      if (ec) throw BadInput(f.final_path + ": cannot rename into place: " + ec.message());
-      placed.push_back(&f);
-    }
-  } catch (...) {
-    roll_back();
-    committed_ = true;  // the temporaries are gone
-    throw;
-  }
-  committed_ = true;
-  for (const auto& a : aside) fs::remove(a.second, ec);
-}
-
 void write_npy_files(const std::string& dir,
                      const std::vector<std::pair<std::string, const Tensor*>>& files, bool as_f64,
                      const std::vector<std::string>& stale) {
-  NpyWriteSet set;
-  for (const auto& [name, tensor] : files) set.stage(dir, name, *tensor, as_f64);
-  set.commit(stale);
+  FolderPublisher folder(dir, stale, "saving to " + dir);
+  for (const auto& [name, tensor] : files) folder.stage("", name, npy_bytes(*tensor, as_f64));
+  folder.publish();
 }
 
 }  // namespace ladder

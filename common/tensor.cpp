@@ -32,6 +32,22 @@ std::vector<float> to_float(const Tensor& t) {
   return f;
 }
 
+int max_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+void limit_threads(int n) {
+#ifdef _OPENMP
+  if (n >= 1 && n < omp_get_max_threads()) omp_set_num_threads(n);
+#else
+  (void)n;
+#endif
+}
+
 int parallel_chunk_count(int64_t n, int64_t grain) {
 #ifdef _OPENMP
   const int64_t by_size = n / std::max<int64_t>(1, grain);

@@ -57,6 +57,11 @@ void from_bf16_bits(const uint16_t* src, size_t n, Tensor& t);
 // With OpenMP (found at configure time, common/CMakeLists.txt) these run on OMP_NUM_THREADS
 // threads; without, serially. Only common/tensor.cpp is compiled with OpenMP.
 
+// The threads the loops below may use, and a lower cap on them (memory.cpp: under an
+// address-space limit each thread's stack counts whole).
+int max_threads();
+void limit_threads(int n);
+
 // Items per chunk below which splitting does not pay (element-wise loops).
 constexpr int64_t kParallelGrain = int64_t(1) << 16;
 

@@ -147,6 +147,11 @@ Inputs obtain_inputs(const CommonOptions& o, const Problem& p) {
 }
 
 void check_save_target(const std::string& dir, const std::string& flag) {
+  check_publish_target(dir, flag);
+  check_save_folder(dir, flag);
+}
+
+void check_save_folder(const std::string& dir, const std::string& flag) {
   std::error_code ec;
   const fs::file_status st = fs::status(dir, ec);
   if (fs::exists(st) && !fs::is_directory(st))
@@ -256,11 +261,13 @@ double host_bytes_needed(const Step& s, const Problem& p, const RunOptions& ro, 
 }
 
 void require_host_memory(double bytes, const std::string& what) {
-  const double avail = available_host_bytes();
-  if (bytes > 0.9 * avail)
+  const HostMemory avail = host_memory();
+  note_host_estimate(bytes);
+  if (bytes > 0.9 * avail.bytes)
     throw BadInput(what + " needs about " + gib(bytes) +
-                   " of host memory (inputs, outputs and the oracle's check); " + gib(avail) +
-                   " are available. Use a smaller problem (or --check sampled / none).");
+                   " of host memory (inputs, outputs and the oracle's check); " + gib(avail.bytes) +
+                   " are available (" + avail.source +
+                   "). Use a smaller problem (or --check sampled / none).");
 }
 
 double device_bytes_needed(const Step& s, const Problem& p, const RunOptions& ro,
@@ -345,22 +352,23 @@ const std::vector<std::string>& output_names() {
   return names;
 }
 
-size_t stage_outputs(NpyWriteSet& set, const std::string& dir, const Outputs& out, bool backward,
-                     bool as_f64) {
-  set.stage(dir, "o.npy", out.o, as_f64);
-  set.stage(dir, "lse.npy", out.lse, as_f64);
-  if (!backward) return 2;
-  set.stage(dir, "dq.npy", out.dq, as_f64);
-  set.stage(dir, "dk.npy", out.dk, as_f64);
-  set.stage(dir, "dv.npy", out.dv, as_f64);
-  return 5;
+size_t stage_outputs(FolderPublisher& folder, const std::string& sub, const Outputs& out,
+                     bool backward, bool as_f64) {
+  std::vector<std::pair<const char*, const Tensor*>> files = {{"o.npy", &out.o},
+                                                              {"lse.npy", &out.lse}};
+  if (backward)
+    files.insert(files.end(), {{"dq.npy", &out.dq}, {"dk.npy", &out.dk}, {"dv.npy", &out.dv}});
+  for (const auto& [name, t] : files) folder.stage(sub, name, npy_bytes(*t, as_f64));
+  return files.size();
 }
 
-size_t save_outputs(const std::string& dir, const Outputs& out, bool backward, bool as_f64) {
-  NpyWriteSet set;
-  const size_t n = stage_outputs(set, dir, out, backward, as_f64);
-  set.commit(output_names());
-  return n;
+void save_outputs(const std::string& dir, const Outputs& out, bool backward, bool as_f64) {
+  FolderPublisher folder(dir, output_names(), "--save " + dir);
+  const size_t n = stage_outputs(folder, "", out, backward, as_f64);
+  const std::string note = folder.publish();
+  std::cout << "  saved " << n << " files to " << dir << (as_f64 ? " (float64)" : " (float32)")
+            << "\n";
+  if (!note.empty()) std::cout << "  note: " << note << "\n";
 }
 
 double tflops(const Problem& p, double ms, bool backward, double density) {
@@ -374,6 +382,7 @@ double gbps(const Problem& p, double ms, bool backward) {
 
 int run_step_cli(const Step& s, const CommonOptions& o) {
   return guarded([&]() -> int {
+    prepare_host_memory();
     // Bad input fails first (exit 2), and before the device is asked for (exit 3): the
     // shapes, capabilities, variant, tiles, host memory and the --save target before the
     // inputs exist, then the inputs' values; then the device, its memory and its tiles.
@@ -395,11 +404,7 @@ int run_step_cli(const Step& s, const CommonOptions& o) {
                 << (o.save.empty() ? "" : "; nothing was saved to " + o.save) << ")\n";
       return kExitCheckFailed;
     }
-    if (!o.save.empty()) {
-      const size_t n = save_outputs(o.save, c.out, p.backward, o.save_f64);
-      std::cout << "  saved " << n << " files to " << o.save
-                << (o.save_f64 ? " (float64)" : " (float32)") << "\n";
-    }
+    if (!o.save.empty()) save_outputs(o.save, c.out, p.backward, o.save_f64);
     const double density = in.mask.density();
     auto line = [&](const char* dir, double ms, bool bwd) {
       std::cout << "  " << dir << "  " << fmt(ms, 3) << " ms  "

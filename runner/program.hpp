@@ -10,6 +10,7 @@
 #include "check.hpp"
 #include "cli.hpp"
 #include "npy.hpp"
+#include "publish.hpp"
 #include "step.hpp"
 
 namespace ladder {
@@ -33,10 +34,14 @@ Inputs obtain_inputs(const CommonOptions& o, const Problem& p);
 // Repeats and warm-up defaults per device.
 RunOptions resolve_run_options(const Step& s, const CommonOptions& o);
 
-// The --save folder (or a `ladder compare --save` step folder): new, or a directory whose
-// output names (output_names()) are regular files or absent; a directory, FIFO, device or
-// symbolic link there is refused, as --save replaces regular files only. Throws BadInput.
+// The --save folder: one that can be published as a whole (check_publish_target: new, or a
+// folder that can be written, and its parent too), whose output names are regular files or
+// absent (check_save_folder). Throws BadInput.
 void check_save_target(const std::string& dir, const std::string& flag);
+// A folder of output files (the --save folder, or a `ladder compare --save` step folder): new,
+// or a directory whose output names (output_names()) are regular files or absent; a directory,
+// FIFO, device or symbolic link there is refused, as --save replaces regular files only.
+void check_save_folder(const std::string& dir, const std::string& flag);
 
 // The contract's rule for finite inputs that are too large (docs/CONTRACT.md, "Files"): a
 // bound on every intermediate sum of the run (scores, the unnormalised output, the backward's
@@ -92,12 +97,13 @@ struct CheckedRun {
   CheckReport check;
 };
 
-// Writes o.npy, lse.npy (and dq, dk, dv.npy with backward) to dir, all or none; afterwards
-// the folder's output files are exactly these. Returns how many.
-size_t save_outputs(const std::string& dir, const Outputs& out, bool backward, bool as_f64);
-// The same, staged into `set` (for several folders committed together).
-size_t stage_outputs(NpyWriteSet& set, const std::string& dir, const Outputs& out, bool backward,
-                     bool as_f64);
+// Writes o.npy, lse.npy (and dq, dk, dv.npy with backward) to dir, all or none (publish.hpp);
+// afterwards the folder's output files are exactly these. Prints what was saved.
+void save_outputs(const std::string& dir, const Outputs& out, bool backward, bool as_f64);
+// The same, staged into `folder`'s subfolder `sub` ("": the folder itself), for several step
+// folders published together.
+size_t stage_outputs(FolderPublisher& folder, const std::string& sub, const Outputs& out,
+                     bool backward, bool as_f64);
 // The output names a save replaces (what a forward-only save removes when stale).
 const std::vector<std::string>& output_names();
 

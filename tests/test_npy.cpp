@@ -1,7 +1,12 @@
 // NumPy .npy reading and writing (common/npy.hpp): round trips, the header layout NumPy
 // expects, every kind of malformed file rejected with BadInput naming the file and the
-// reason, and write_npy_files' all-or-nothing promise.
+// reason, write_npy_files' all-or-nothing promise (publish.hpp), and the results CSV's locked
+// read-merge-write (csv_append.hpp).
 #include <catch2/catch.hpp>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "csv_append.hpp"
 #include "error.hpp"
 #include "npy.hpp"
 #include "test_util.hpp"
@@ -284,4 +290,65 @@ TEST_CASE("npy: write_npy_files is all-or-nothing", "[npy]") {
     CHECK(entries(out) == std::vector<std::string>{"lse.npy"});  // no o.npy, no .partial
     CHECK(fs::is_directory(out + "/lse.npy/keep"));              // and nothing of ours removed
   }
+}
+
+TEST_CASE("npy: a save replaces the folder whole, keeping every other entry", "[npy]") {
+  TempDir dir;
+  const Tensor o = counting({1, 1, 2, 2}), lse = counting({1, 1, 2});
+  const std::string out = dir / "out";
+  fs::create_directories(out + "/sub/deeper");
+  write_file(out + "/sub/deeper/f.txt", "mine");
+  write_file(out + "/dq.npy", "stale");
+  fs::create_symlink("sub", out + "/link");
+  // A staging folder that a killed save left (nothing holds its lock), one that a live save
+  // holds, and names that only look like staging.
+  const std::string dead = dir / ".out.ladder-save.0123456789abcdef",
+                    live = dir / ".out.ladder-save.fedcba9876543210";
+  fs::create_directories(dead + "/sub");
+  fs::create_directories(live);
+  fs::create_directories(dir / ".out.ladder-save.notmine");
+  fs::create_directories(dir / ".other.ladder-save.0123456789abcdef");
+  const int held = ::open(live.c_str(), O_RDONLY);
+  REQUIRE(::flock(held, LOCK_EX) == 0);
+  write_npy_files(out, {{"o.npy", &o}, {"lse.npy", &lse}}, false, {"dq.npy"});
+  ::close(held);
+  CHECK(entries(out) == std::vector<std::string>{"link", "lse.npy", "o.npy", "sub"});
+  CHECK(read_file(out + "/sub/deeper/f.txt") == "mine");
+  CHECK(fs::read_symlink(out + "/link") == "sub");
+  CHECK(read_file(out + "/o.npy") == npy_bytes(o));
+  CHECK(entries(dir.path) == std::vector<std::string>{".other.ladder-save.0123456789abcdef",
+                                                      ".out.ladder-save.fedcba9876543210",
+                                                      ".out.ladder-save.notmine", "out"});
+}
+
+TEST_CASE("npy: appenders of one CSV that began together keep each other's rows", "[npy]") {
+  TempDir dir;
+  const std::string csv = dir / "r.csv";
+  // The old writer read the file when it began and wrote that back with its rows: the writer
+  // that finished last dropped the other's.
+  CsvAppender a(csv, "h", nullptr), b(csv, "h", nullptr);
+  a.add("1");
+  b.add("2");
+  CHECK(a.append() == "added 1 row to " + csv + " (a new file, 1 in all)");
+  CHECK(b.append() == "added 1 row to " + csv + " (2 in all)");
+  CHECK(read_file(csv) == "h\n1\n2\n");
+  CHECK(entries(dir.path) == std::vector<std::string>{"r.csv"});  // no lock file, no temporary
+
+  // Not the header (or a byte-order mark before it), checked at the start and again under the
+  // lock: refused, the file as it was.
+  CsvAppender c(csv, "h", nullptr);
+  write_file(csv, "\xEF\xBB\xBFh\n1\n");
+  c.add("3");
+  CHECK_THAT(bad_input_message([&] { c.append(); }), Contains("byte-order mark"));
+  CHECK(read_file(csv) == "\xEF\xBB\xBFh\n1\n");
+  CHECK_THAT(bad_input_message([&] { CsvAppender(csv, "h", nullptr); }), Contains("byte-order"));
+  write_file(csv, "x\n");
+  CHECK_THAT(bad_input_message([&] { CsvAppender(csv, "h", nullptr); }), Contains("header is"));
+  // A link or a FIFO is never written through.
+  fs::create_symlink("r.csv", dir / "link.csv");
+  CHECK_THAT(bad_input_message([&] { CsvAppender(dir / "link.csv", "h", nullptr); }),
+             Contains("symbolic link"));
+  REQUIRE(::mkfifo((dir / "fifo.csv").c_str(), 0644) == 0);
+  CHECK_THAT(bad_input_message([&] { CsvAppender(dir / "fifo.csv", "h", nullptr); }),
+             Contains("FIFO"));
 }

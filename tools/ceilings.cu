@@ -21,8 +21,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "csv_append.hpp"
+#include "error.hpp"
 
 namespace {
 
@@ -463,6 +467,16 @@ int main(int argc, char** argv) {
     }
   }
   if (commit.empty()) commit = default_commit();
+  // The CSV is checked before the device is asked for (bad input exits 2 on any machine), and
+  // each row is appended as it is measured (a run cut short keeps what it measured), by the
+  // ladder's one locked read-merge-write (common/csv_append.hpp).
+  std::optional<ladder::CsvAppender> out;
+  try {
+    out.emplace(csv, kHeader, nullptr);
+  } catch (const ladder::BadInput& e) {
+    std::fprintf(stderr, "ceilings: %s\n", e.what());
+    return 2;
+  }
 
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
@@ -471,31 +485,6 @@ int main(int argc, char** argv) {
                  e != cudaSuccess ? cudaGetErrorString(e) : "none found");
     return 3;
   }
-  FILE* out = nullptr;
-  if (!csv.empty()) {
-    // An existing file must be a ceilings file: never mix two schemas in one CSV.
-    if (FILE* in = std::fopen(csv.c_str(), "r")) {
-      char first[256] = "";
-      const bool empty = !std::fgets(first, sizeof first, in);
-      std::fclose(in);
-      first[std::strcspn(first, "\r\n")] = 0;
-      if (!empty && std::strcmp(first, kHeader) != 0) {
-        std::fprintf(stderr, "ceilings: %s starts with\n  %s\nnot\n  %s\n", csv.c_str(), first,
-                     kHeader);
-        return 2;
-      }
-      if (!empty) out = std::fopen(csv.c_str(), "a");
-    }
-    if (!out) {
-      out = std::fopen(csv.c_str(), "w");
-      if (out) std::fprintf(out, "%s\n", kHeader), std::fflush(out);
-    }
-    if (!out) {
-      std::fprintf(stderr, "ceilings: cannot write %s\n", csv.c_str());
-      return 2;
-    }
-  }
-
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));
   int rt = 0;
@@ -504,23 +493,27 @@ int main(int argc, char** argv) {
   std::printf("%s (sm_%d%d, %d SMs, L2 %d MiB), CUDA %s\n", prop.name, prop.major, prop.minor,
               prop.multiProcessorCount, prop.l2CacheSize >> 20, cuda.c_str());
 
+  std::string appended;  // what the last append says (the rows this run added, in all)
   auto report = [&](const Ceiling& c) {
     std::printf("%-14s %8s %-8s %s\n", c.name.c_str(), c.value.c_str(), c.unit.c_str(),
                 c.method.c_str());
     std::fflush(stdout);
-    if (!out) return;
-    std::fprintf(out, "%s,%s,%s,%s,%s,%s,%s\n", csv_field(prop.name).c_str(),
-                 csv_field(cuda).c_str(), csv_field(commit).c_str(), c.name.c_str(),
-                 c.value.c_str(), c.unit.c_str(), csv_field(c.method).c_str());
-    std::fflush(out);  // one whole row at a time: a run cut short keeps what it measured
+    if (csv.empty()) return true;
+    out->add(csv_field(prop.name) + "," + csv_field(cuda) + "," + csv_field(commit) + "," + c.name +
+             "," + c.value + "," + c.unit + "," + csv_field(c.method));
+    try {
+      appended = out->append();
+    } catch (const ladder::BadInput& e) {
+      std::fprintf(stderr, "ceilings: %s\n", e.what());
+      return false;
+    }
+    return true;
   };
   const int sms = prop.multiProcessorCount;
-  report(hbm_copy(prop));
-  report(smem(sms));
-  report(ffma(sms));
-  report(mma_sync<false>(sms));
-  report(mma_sync<true>(sms));
-  report(wgmma(prop));
-  if (out) std::fclose(out);
+  const bool ok = report(hbm_copy(prop)) && report(smem(sms)) && report(ffma(sms)) &&
+                  report(mma_sync<false>(sms)) && report(mma_sync<true>(sms)) &&
+                  report(wgmma(prop));
+  if (!ok) return 2;
+  if (!appended.empty()) std::printf("%s\n", appended.c_str());
   return 0;
 }

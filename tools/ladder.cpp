@@ -32,6 +32,7 @@
 #include <tuple>
 #include <vector>
 
+#include "csv_append.hpp"
 #include "device.hpp"
 #include "memory.hpp"
 #include "error.hpp"
@@ -342,55 +343,31 @@ std::string json_object(const ResultRow& r) {
   return s.str();
 }
 
-// Rows of the results schema for a CSV file, written when the run ends, all at once: the
-// file (its old rows, then the new ones) is written to a temporary name beside it and renamed
-// over it, so a failed write (a full disk) exits 2 and leaves the old file as it was. A new or
-// empty file gets the header; an existing file must start with the same header, so that two
-// schemas never mix in one file (checked before anything is measured).
+// Rows of the results schema for a CSV file, appended when the run ends (CsvAppender: one
+// locked read-merge-write, so two runs appending at once keep each other's rows; a failed
+// write exits 2 and leaves the file as it was). A new or empty file gets the header; an
+// existing file must start with the same header, so that two schemas never mix in one file
+// (checked before anything is measured, and again under the lock).
 class ResultsCsv {
  public:
-  explicit ResultsCsv(const std::string& path) : path_(path) {
-    if (path.empty()) return;
-    std::error_code ec;
-    require_replaceable(path, "--csv");  // a FIFO, device or link is never replaced
-    if (fs::is_regular_file(path, ec) && fs::file_size(path, ec) > 0) {
-      std::ifstream in(path, std::ios::binary);
-      old_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-      if (!in.good() && !in.eof()) throw BadInput("--csv " + path + ": cannot read the file");
-      std::string first = old_.substr(0, old_.find('\n'));
-      if (!first.empty() && first.back() == '\r') first.pop_back();
-      if (first == kResultsHeaderBeforeRun)
-        throw BadInput("--csv " + path +
-                       ": the file has the results schema from before the run column; migrate "
-                       "it once with tools/migrate_results.py " +
-                       path + " (its rows get run = commit:<their commit>), then append");
-      if (first != kResultsHeader)
-        throw BadInput("--csv " + path + ": the file's header is\n  " + first +
-                       "\nnot the results schema\n  " + kResultsHeader +
-                       "\n(give a new file, or one written by ladder bench/compare)");
-      if (old_.back() != '\n') old_ += "\n";  // else the first new row would join its last line
-    } else {
-      old_ = std::string(kResultsHeader) + "\n";
-      fresh_ = true;
-    }
-  }
-  void add(const ResultRow& r) {
-    if (path_.empty()) return;
-    rows_ += csv_line(r) + "\n";
-    ++count_;
-  }
-  // Writes the file; "appended 12 rows to x.csv" (nothing without --csv).
-  std::string commit() {
-    if (path_.empty()) return "";
-    write_file_atomically(path_, old_ + rows_, "--csv " + path_);
-    return (fresh_ ? "wrote " : "appended ") + std::to_string(count_) + " rows to " + path_ +
-           (fresh_ ? " (new file)" : "");
-  }
+  explicit ResultsCsv(const std::string& path)
+      : file_(path, kResultsHeader, [path](const std::string& first) {
+          if (first == kResultsHeaderBeforeRun)
+            throw BadInput("--csv " + path +
+                           ": the file has the results schema from before the run column; "
+                           "migrate it once with tools/migrate_results.py " +
+                           path + " (its rows get run = commit:<their commit>), then append");
+          if (first != kResultsHeader)
+            throw BadInput("--csv " + path + ": the file's header is\n  " + first +
+                           "\nnot the results schema\n  " + kResultsHeader +
+                           "\n(give a new file, or one written by ladder bench/compare)");
+        }) {}
+  void add(const ResultRow& r) { file_.add(csv_line(r)); }
+  // Appends the rows; "added 12 rows to x.csv (40 in all)" (nothing without --csv).
+  std::string commit() { return file_.append(); }
 
  private:
-  std::string path_, old_, rows_;
-  size_t count_ = 0;
-  bool fresh_ = false;
+  CsvAppender file_;
 };
 
 // Writes the rows as one JSON array, replacing the file atomically (a reader never sees half
@@ -524,6 +501,8 @@ CheckedRun run_compare_row(CompareRow& row, const Step& s, const Problem& asked,
     row.no_device = true;
   } catch (const BadInput& e) {
     row.note = std::string("cannot run: ") + e.what();
+  } catch (const std::bad_alloc&) {
+    row.note = "cannot run: " + out_of_memory_message();
   } catch (const std::exception& e) {  // a CUDA failure or another bug: nothing to trust
     row.ran = true;
     row.failed = true;
@@ -536,7 +515,7 @@ CheckedRun run_compare_row(CompareRow& row, const Step& s, const Problem& asked,
 // dtype; its outputs staged into `saved` for --save.
 CompareRow compare_step(const Rung& rung, const Problem& p, const Inputs& base,
                         const CommonOptions& o, CheckMode mode, bool dtype_forced,
-                        NpyWriteSet& saved) {
+                        FolderPublisher& saved) {
   CompareRow row;
   row.rung = &rung;
   if (!rung.step) {
@@ -578,7 +557,7 @@ CompareRow compare_step(const Rung& rung, const Problem& p, const Inputs& base,
   }
   const CheckedRun c = run_compare_row(row, s, p, *in, host, mode);
   if (!o.save.empty() && row.ran && !c.out.o.empty())  // a failed check's outputs too
-    stage_outputs(saved, (fs::path(o.save) / s.name).string(), c.out, ps.backward, o.save_f64);
+    stage_outputs(saved, s.name, c.out, ps.backward, o.save_f64);
   return row;
 }
 
@@ -659,7 +638,7 @@ Table tabulate_compare(const std::vector<CompareRow>& rows, bool backward, doubl
 
 // After the table: what the columns mean, then the files (only when every step passed) and the
 // exit status.
-int finish_compare(const CompareArgs& a, const CompareTally& tally, NpyWriteSet& saved,
+int finish_compare(const CompareArgs& a, const CompareTally& tally, FolderPublisher& saved,
                    ResultsCsv& csv) {
   const CommonOptions& o = a.o;
   if (tally.ran)
@@ -673,19 +652,20 @@ int finish_compare(const CompareArgs& a, const CompareTally& tally, NpyWriteSet&
       std::cout << "nothing was written (" << tally.failed << " step(s) failed their check)\n";
     return kExitCheckFailed;
   }
+  if (tally.ran == 0) {  // bad input (or no device): nothing to write
+    std::cerr << "error: no step could run this problem (see the notes)\n";
+    return tally.no_device > 0 ? kExitNoDevice : kExitBadInput;
+  }
   if (!o.save.empty()) {
     // Afterwards the folder holds this run's step outputs only: the output files of a step
     // folder from an earlier comparison that this one did not write are removed (the folder
     // itself, and any other file in it, is left).
-    for (const Rung& r : rungs()) saved.clear((fs::path(o.save) / r.name).string());
-    saved.commit(output_names());  // all steps' folders, or none
+    for (const Rung& r : rungs()) saved.clear(r.name);
+    const std::string note = saved.publish();  // all steps' folders, or none
     std::cout << "saved each step's outputs under " << o.save << "/NN_name/\n";
+    if (!note.empty()) std::cout << "note: " << note << "\n";
   }
   if (const std::string w = csv.commit(); !w.empty()) std::cout << w << "\n";
-  if (tally.ran == 0) {
-    std::cerr << "error: no step could run this problem (see the notes)\n";
-    return tally.no_device > 0 ? kExitNoDevice : kExitBadInput;
-  }
   return kExitOk;
 }
 
@@ -698,13 +678,15 @@ int cmd_compare(const CompareArgs& a) {
   const CheckMode mode = check_options(o, p);
   const std::vector<const Rung*> selected = select_rungs(a.steps);
   check_outputs({{"--csv", a.csv}});
-  if (!o.save.empty())  // every rung's folder: this run writes some, clears the others
+  if (!o.save.empty()) {  // the folder, and every rung's: this run writes some, clears the others
+    check_publish_target(o.save, "--save");
     for (const Rung& rung : rungs())
-      check_save_target((fs::path(o.save) / rung.name).string(), "--save");
+      check_save_folder((fs::path(o.save) / rung.name).string(), "--save");
+  }
   ResultsCsv csv(a.csv);
   require_compare_memory(selected, p, dtype_forced, mode);
   const Inputs base = obtain_inputs(o, p);
-  NpyWriteSet saved;  // every step's --save files, committed together at the end
+  FolderPublisher saved(o.save, output_names(), "--save " + o.save);  // published at the end
 
   std::cout << "compare: " << shape_str(p) << "\n  inputs: "
             << (o.load.empty() ? std::string(o.inputs) + ", seed " + std::to_string(p.seed)
@@ -1124,6 +1106,8 @@ bool measure_point(const BenchPoint& pt, const std::string& label, const Inputs&
     return skip(e);
   } catch (const NoDevice& e) {
     return skip(e);
+  } catch (const std::bad_alloc&) {
+    return skip(BadInput(out_of_memory_message()));
   } catch (const std::exception& e) {
     progress.clear();
     std::cout << "FAIL " << label << ": the run failed: " << e.what() << "\n";
@@ -1496,6 +1480,7 @@ int main_(int argc, char** argv) {
   }
   const int rc = parse_or_exit(app, argc, argv);
   if (rc >= 0) return rc;
+  if (const int bad = guarded([] { return prepare_host_memory(), 0; }); bad) return bad;
 
   if (run.cmd->parsed()) return cmd_run(run.which, run.o);
   if (compare.cmd->parsed()) return run_compare_verb(compare);

@@ -657,12 +657,18 @@ def third_pass_tools(tmp):
     return cases
 
 
-def run_case(name, argv, want, allowed, cwd, tmp, after=None):
-    """Runs one case between two snapshots of tmp; returns a failure text or ""."""
+def run_case(name, argv, want, allowed, cwd, tmp, after=None, says=(), env=None, limit_as=None):
+    """Runs one case between two snapshots of tmp; returns a failure text or "". `says`: texts
+    its stderr must hold; `env`: variables set for it; `limit_as`: its address-space limit in
+    bytes (ulimit -v)."""
+    import resource
     before = snapshot(tmp)
     t0 = time.time()
+    limit = None if limit_as is None else (
+        lambda: resource.setrlimit(resource.RLIMIT_AS, (limit_as, limit_as)))
     try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=cwd)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=cwd,
+                           env=None if env is None else dict(os.environ, **env), preexec_fn=limit)
         rc, out, err = r.returncode, r.stdout, r.stderr
     except subprocess.TimeoutExpired:
         rc, out, err = "timeout", "", ""
@@ -675,6 +681,7 @@ def run_case(name, argv, want, allowed, cwd, tmp, after=None):
         problems.append("no error: message")
     if "Traceback" in err or "Success" in err:
         problems.append("a traceback or a 'Success' error")
+    problems += ["stderr does not say %r" % t for t in says if t not in err]
     if changed:
         problems.append("changed %s" % [os.path.relpath(p, tmp) for p in changed[:5]])
     if want == 2 and took > 20:
@@ -712,6 +719,268 @@ def concurrent_saves(tmp, rounds=12):
                                                              names, " ".join(errs)[-200:]))
     print(("ok   " if not bad else "FAIL ") + "%-34s %d rounds %s" % (
         "concurrent_saves", rounds, bad[:2] if bad else ""))
+    return len(bad) > 0
+
+
+def third_pass_cpp(tmp, good):
+    """Issue #36's reproducers for the C++ programs, as second_pass()'s cases plus run_case's
+    options: a save replaces its folder as a whole, keeping every other entry, and removes the
+    staging a killed save left (only its own: a live run's is locked); memory that does not fit
+    under `ulimit -v` is exit 2 naming it; an invalid $LADDER_HOST_MEMORY is exit 2 naming the
+    variable and its form."""
+    import fcntl
+    cases = []
+    tp = os.path.join(tmp, "third")
+    os.makedirs(tp)
+
+    def case(name, argv, want, allowed=(), cwd=None, after=None, **opts):
+        cases.append((name, argv, want, allowed, cwd, after, opts))
+
+    S02 = os.path.join(BIN, "02_online_softmax")
+    tiny = ["--seq-q", "8", "--seq-k", "8", "--repeats", "1", "--warmup", "0"]
+
+    # --- --save: the other entries of the folder are carried over whole (a subfolder, a link,
+    # a FIFO, a file); the stale dq.npy of a backward run goes; nothing is left beside it
+    keep = os.path.join(tp, "keep")
+    os.makedirs(os.path.join(keep, "sub", "deeper"))
+    write(os.path.join(keep, "notes.txt"), b"mine")
+    write(os.path.join(keep, "sub", "deeper", "f.txt"), b"mine too")
+    os.symlink("notes.txt", os.path.join(keep, "link"))
+    os.mkfifo(os.path.join(keep, "fifo"))
+    write(os.path.join(keep, "dq.npy"), b"stale")
+    case("save_keeps_other_entries", [S02] + tiny + ["--save", keep], 0,
+         allowed=[os.path.join(keep, n) for n in ("o.npy", "lse.npy", "dq.npy")],
+         after=lambda: "" if sorted(os.listdir(keep)) == [
+             "fifo", "link", "lse.npy", "notes.txt", "o.npy", "sub"] else
+         "keep/: %s" % sorted(os.listdir(keep)))
+    here = os.path.join(tp, "here")
+    os.makedirs(here)
+    write(os.path.join(here, "notes.txt"), b"mine")
+    case("save_into_current_folder", [S02] + tiny + ["--save", "."], 0, cwd=here,
+         allowed=[os.path.join(here, n) for n in ("o.npy", "lse.npy")])
+    # A killed save's staging folder is removed by the next save into the same folder; a live
+    # run's (locked) stays, and so do names that only look like staging.
+    st = os.path.join(tp, "stale")
+    os.makedirs(os.path.join(st, "out"))
+    dead = os.path.join(st, ".out.ladder-save.0123456789abcdef")
+    os.makedirs(os.path.join(dead, "sub"))
+    write(os.path.join(dead, "o.npy"), b"half")
+    for decoy in (".out.ladder-save.notmine", ".other.ladder-save.0123456789abcdef",
+                  "out.ladder-save.0123456789abcdef"):
+        os.makedirs(os.path.join(st, decoy))
+    live = os.path.join(st, ".out.ladder-save.fedcba9876543210")
+    os.makedirs(live)
+    held = os.open(live, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)
+
+    def stale_after():
+        os.close(held)
+        return "" if not os.path.exists(dead) and os.path.isdir(live) else \
+            "left: %s" % sorted(os.listdir(st))
+    case("save_removes_only_stale_staging", [S02] + tiny + ["--save", os.path.join(st, "out")], 0,
+         allowed=[dead] + [os.path.join(st, "out", n) for n in ("o.npy", "lse.npy")],
+         after=stale_after)
+
+    # --- memory: refused by the estimate, or an allocation that fails all the same, exit 2
+    # naming the memory (an address-space limit starves AddressSanitizer's shadow memory)
+    big = ["--seq-q", "4096", "--seq-k", "4096", "--heads", "16", "--batch", "4", "--check",
+           "full", "--save", os.path.join(tp, "big_save")]
+    if "ASAN_OPTIONS" not in os.environ:
+        case("ulimit_v_refused", [S02] + big, 2, says=("GiB", "ulimit -v"), limit_as=400 << 20)
+        case("ulimit_v_allocation_fails", [S02] + big, 2, says=("out of host memory", "GiB"),
+             env={"LADDER_HOST_MEMORY": str(10 ** 12)}, limit_as=400 << 20)
+        case("ulimit_v_bench_skips", [LADDER, "bench", "--steps", "2", "--seqlens", "4096",
+                                      "--dims", "64", "--tokens", "65536", "--hidden", "1024",
+                                      "--causal", "0", "--directions", "fwd"], 2,
+             limit_as=400 << 20)
+    else:
+        print("note: under AddressSanitizer the ulimit -v cases are not run")
+    says = ("LADDER_HOST_MEMORY", "whole number of bytes")
+    for label, value in {"abc": "abc", "minus_5": "-5", "empty": "", "1e999": "1e999",
+                         "space_5": " 5", "zero": "0", "1.5": "1.5"}.items():
+        case("host_memory_env_" + label, [S02] + tiny + ["--save", os.path.join(tp, "env_save")],
+             2, says=says, env={"LADDER_HOST_MEMORY": value})
+    for verb in (["run", "2"] + tiny, ["compare", "--steps", "1", "--seq-q", "8", "--seq-k", "8"],
+                 ["bench", "--steps", "2", "--seqlens", "32", "--dims", "8", "--causal", "0",
+                  "--directions", "fwd", "--repeats", "1"],
+                 ["diff", os.path.join(good, "k.npy"), os.path.join(good, "v.npy")]):
+        case("host_memory_env_ladder_" + verb[0], [LADDER] + verb, 2, says=says,
+             env={"LADDER_HOST_MEMORY": "abc"})
+    case("control_host_memory_env", [S02] + tiny, 0, env={"LADDER_HOST_MEMORY": "17179869184"})
+    return cases
+
+
+def strace_works():
+    """Whether strace can trace a child here (installed, and ptrace allowed)."""
+    if not shutil.which("strace"):
+        return False
+    r = subprocess.run(["strace", "-f", "-o", os.devnull, "true"], capture_output=True)
+    return r.returncode == 0
+
+
+def signal_at_call(argv, call, n, sig):
+    """argv under strace, which sends `sig` (KILL, TERM) as the nth call of `call` begins.
+    Returns its exit status (0: it ended before an nth call), None if strace does not know
+    the call here."""
+    env = dict(os.environ)
+    if "ASAN_OPTIONS" in env:  # LeakSanitizer cannot run under ptrace: it would fail every run
+        env["ASAN_OPTIONS"] += ":detect_leaks=0"
+    r = subprocess.run(["strace", "-f", "-qq", "-o", os.devnull, "-e", "trace=" + call, "-e",
+                        "inject=%s:signal=%s:when=%d" % (call, sig, n), "--"] + argv,
+                       capture_output=True, text=True, timeout=120, env=env)
+    if r.returncode != 0 and r.stderr.startswith("strace:"):
+        return None
+    return r.returncode
+
+
+def every_interruption(label, argv, calls, before, check):
+    """Runs argv interrupted at every call of `calls`, by SIGKILL then SIGTERM (with strace; a
+    sweep of SIGKILL and SIGTERM at growing delays without it), calling before() ahead of each
+    run and check(what, sig) after each interruption; returns how many it made and check's
+    complaints."""
+    bad, made = [], 0
+    if strace_works():
+        for sig in ("KILL", "TERM"):
+            for call in calls:
+                for n in range(1, 201):
+                    before()
+                    rc = signal_at_call(argv, call, n, sig)
+                    if rc is None or rc == 0:
+                        break  # unknown here, or the run ended before an nth call
+                    made += 1
+                    bad += check("%s at %s #%d" % (sig, call, n), sig)
+                else:
+                    bad.append("%s at %s: still interrupted at the 200th call" % (sig, call))
+        return made, bad
+    import signal
+    print("note: %s: no strace here, so interrupted at growing delays instead" % label)
+    t0 = time.time()
+    subprocess.run(argv, capture_output=True)
+    took = time.time() - t0
+    for sig in ("KILL", "TERM"):
+        for k in range(40):
+            before()
+            p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(took * k / 40)
+            p.send_signal(getattr(signal, "SIG" + sig))
+            if p.wait() != 0:
+                made += 1
+                bad += check("%s after %.0f ms" % (sig, 1000 * took * k / 40), sig)
+    return made, bad
+
+
+def interrupted_saves(tmp):
+    """A save interrupted at every step (the nth call of each file-system call it makes, by
+    SIGKILL and by SIGTERM) leaves its folder holding the complete old set of files or the
+    complete new set, with the other entries of the folder; a SIGTERM leaves no staging beside
+    it, and after a SIGKILL the next save removes what was left."""
+    root = os.path.join(tmp, "interrupted_save")
+    out = os.path.join(root, "out")
+    os.makedirs(os.path.join(out, "sub"))
+    write(os.path.join(out, "notes.txt"), b"mine")
+    write(os.path.join(out, "sub", "f.txt"), b"mine too")
+    base = [ORACLE, "--seq-q", "9", "--seq-k", "9", "--repeats", "1", "--warmup", "0", "--save",
+            out]
+    old_run, new_run = base, base + ["--backward", "--seed", "7"]
+
+    def save(argv):
+        return subprocess.run(argv, capture_output=True).returncode
+    save(new_run)
+    new = snapshot(out)
+    save(old_run)
+    old = snapshot(out)
+
+    def before():  # from the old set (a run that was not interrupted saved the new one)
+        if snapshot(out) != old:
+            save(old_run)
+
+    def check(what, sig):
+        bad = []
+        state, left = snapshot(out), sorted(set(os.listdir(root)) - {"out"})
+        if state not in (old, new):
+            bad.append("%s: neither the old nor the new set: %s" % (
+                what, sorted(os.path.relpath(p, out) for p in state)))
+        if sig == "TERM" and left:
+            bad.append("%s: left %s" % (what, left))
+        rc = save(old_run)  # the next save: the old set again, nothing left
+        if rc != 0 or snapshot(out) != old or set(os.listdir(root)) != {"out"}:
+            bad.append("%s: the next save exits %s, leaves %s" % (what, rc,
+                                                                 sorted(os.listdir(root))))
+        return bad
+    calls = ("mkdir", "openat", "write", "fsync", "flock", "linkat", "chmod", "chown",
+             "renameat2", "rename", "unlink", "rmdir")
+    made, bad = every_interruption("interrupted_saves", new_run, calls, before, check)
+    ok = not bad and made >= 20
+    print(("ok   " if ok else "FAIL ") + "%-34s %d interruptions %s" % (
+        "save_interrupted_everywhere", made, bad[:3] if bad else ""))
+    return not ok
+
+
+def interrupted_csv(tmp):
+    """`ladder bench --csv` interrupted at every step of its write (the lock, the fsyncs, the
+    rename, a removal; by SIGKILL and SIGTERM) leaves the file with its old rows or with them
+    and the new one; a SIGTERM leaves no temporary, and the next run removes a SIGKILL's."""
+    root = os.path.join(tmp, "interrupted_csv")
+    os.makedirs(root)
+    csv = os.path.join(root, "r.csv")
+    bench = [LADDER, "bench", "--steps", "2", "--seqlens", "32", "--dims", "8", "--causal", "0",
+             "--directions", "fwd", "--repeats", "1", "--warmup", "0", "--csv", csv]
+    subprocess.run(bench, capture_output=True)
+    lines = []  # what the file held before the interrupted run
+
+    def before():
+        lines[:] = open(csv).read().splitlines()
+
+    def check(what, sig):
+        bad = []
+        now = open(csv).read().splitlines()
+        if now != lines and not (now[:-1] == lines and len(now) == len(lines) + 1):
+            bad.append("%s: %d lines, from %d" % (what, len(now), len(lines)))
+        left = sorted(set(os.listdir(root)) - {"r.csv"})
+        if sig == "TERM" and left:
+            bad.append("%s: left %s" % (what, left))
+        r = subprocess.run(bench, capture_output=True, text=True)
+        then = open(csv).read().splitlines()
+        if r.returncode != 0 or then[:-1] != now or os.listdir(root) != ["r.csv"]:
+            bad.append("%s: the next run exits %s, %d lines, leaves %s %s" % (
+                what, r.returncode, len(then), sorted(os.listdir(root)), r.stderr[-200:]))
+        return bad
+    made, bad = every_interruption("interrupted_csv", bench, ("flock", "fsync", "rename",
+                                                              "unlink"), before, check)
+    ok = not bad and made >= 4
+    print(("ok   " if ok else "FAIL ") + "%-34s %d interruptions %s" % (
+        "csv_interrupted_everywhere", made, bad[:3] if bad else ""))
+    return not ok
+
+
+def concurrent_results(tmp, rounds=3):
+    """Three `ladder bench --csv` and a `ladder compare --csv` into one file at once keep every
+    run's rows: one locked read-merge-write each."""
+    root = os.path.join(tmp, "concurrent_csv")
+    os.makedirs(root)
+    csv = os.path.join(root, "r.csv")
+    bench = [LADDER, "bench", "--steps", "2", "--seqlens", "32", "--dims", "8", "--causal", "0",
+             "--directions", "fwd", "--repeats", "1", "--warmup", "0", "--csv", csv]
+    compare = [LADDER, "compare", "--steps", "1", "--seq-q", "8", "--seq-k", "8", "--repeats",
+               "1", "--warmup", "0", "--csv", csv]
+    ids, bad = [], []
+    for k in range(rounds):
+        runs = [(bench, "b%d_%d" % (k, i)) for i in range(3)] + [(compare, "c%d" % k)]
+        procs = [subprocess.Popen(argv + ["--run-id", rid], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for argv, rid in runs]
+        outs = [p.communicate() for p in procs]
+        ids += [rid for _, rid in runs]
+        if any(p.returncode != 0 for p in procs):
+            bad.append("round %d: exit %s %s" % (k, [p.returncode for p in procs],
+                                                  " ".join(e for _, e in outs)[-200:]))
+        if not all("added 1 row to" in o for o, _ in outs):
+            bad.append("round %d: %s" % (k, [o.strip().splitlines()[-1:] for o, _ in outs]))
+    rows = open(csv).read().splitlines()[1:]
+    got = sorted(r.rsplit(",", 1)[-1] for r in rows)
+    if got != sorted(ids) or os.listdir(root) != ["r.csv"]:
+        bad.append("run ids %s, files %s" % (got, os.listdir(root)))
+    print(("ok   " if not bad else "FAIL ") + "%-34s %d rows of %d runs %s" % (
+        "concurrent_csv_writers", len(rows), len(ids), bad[:2] if bad else ""))
     return len(bad) > 0
 
 
@@ -933,7 +1202,16 @@ def main():
             failures += 1
             print("FAIL %-34s %s" % (name, why))
         cases.append(name)
+    for name, argv, want, allowed, cwd, after, opts in third_pass_cpp(tmp, good):
+        why = run_case(name, argv, want, allowed, cwd, tmp, after, **opts)
+        if why:
+            failures += 1
+            print("FAIL %-34s %s" % (name, why))
+        cases.append(name)
     failures += concurrent_saves(tmp)
+    failures += interrupted_saves(tmp)
+    failures += interrupted_csv(tmp)
+    failures += concurrent_results(tmp)
     failures += estimate_within_2x(tmp)
     shutil.rmtree(tmp, ignore_errors=True)
     print("%d cases, %d failed" % (len(cases), failures))
