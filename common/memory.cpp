@@ -20,8 +20,7 @@ namespace ladder {
 namespace {
 
 const std::string kEnv = "LADDER_HOST_MEMORY";
-double g_estimate = -1;      // the last run's estimate, bytes
-double g_thread_stacks = 0;  // the OpenMP team's stacks under an address-space limit, bytes
+double g_estimate = -1;  // the last run's estimate, bytes
 
 // The first number in a file, or -1.
 double read_number(const char* path) {
@@ -95,8 +94,7 @@ HostMemory host_memory() {
     struct rlimit rl {};
     if (::getrlimit(l.resource, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) continue;
     const double used = proc_kib("/proc/self/status", l.status_key);
-    const double stacks = l.resource == RLIMIT_AS ? g_thread_stacks : 0;  // before they exist
-    lower(m, double(rl.rlim_cur) - (used > 0 ? used : 0) - stacks, l.source);
+    lower(m, double(rl.rlim_cur) - (used > 0 ? used : 0), l.source);
   }
   if (m.bytes < 0) m.bytes = 0;
   return m;
@@ -110,20 +108,13 @@ void prepare_host_memory() {
   double bytes = 0;
   env_override(bytes);
   struct rlimit as {};
-  struct rlimit stack {};
   if (::getrlimit(RLIMIT_AS, &as) != 0 || as.rlim_cur == RLIM_INFINITY) return;
-  // A thread's stack: the soft stack limit (glibc's default for new threads), 8 MiB when
-  // unlimited, and a guard page.
-  const double per_thread =
-      (::getrlimit(RLIMIT_STACK, &stack) == 0 && stack.rlim_cur != RLIM_INFINITY
-           ? double(stack.rlim_cur)
-           : double(8 << 20)) +
-      4096;
-  const double room = double(as.rlim_cur) - std::max(0.0, proc_kib("/proc/self/status", "VmSize:"));
-  const int threads =
-      int(std::max(1.0, std::min(double(max_threads()), 1 + room / 4 / per_thread)));
-  limit_threads(threads);
-  g_thread_stacks = (threads - 1) * per_thread;
+  // Under an address-space limit the host loops run on this thread alone: OpenMP makes (and
+  // may make again) its threads when a parallel region starts, and once the run's tensors have
+  // taken the room a new thread's stack cannot be mapped, and libgomp ends the process ("Thread
+  // creation failed", exit 1) where an allocation that fails would say how much memory was
+  // needed (exit 2). One malloc arena for the same reason.
+  limit_threads(1);
 #ifdef __GLIBC__
   ::mallopt(M_ARENA_MAX, 1);
 #endif

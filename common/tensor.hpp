@@ -57,8 +57,8 @@ void from_bf16_bits(const uint16_t* src, size_t n, Tensor& t);
 // With OpenMP (found at configure time, common/CMakeLists.txt) these run on OMP_NUM_THREADS
 // threads; without, serially. Only common/tensor.cpp is compiled with OpenMP.
 
-// The threads the loops below may use, and a lower cap on them (memory.cpp: under an
-// address-space limit each thread's stack counts whole).
+// The threads the loops below may use, and a lower cap on them (memory.cpp: one thread under
+// an address-space limit).
 int max_threads();
 void limit_threads(int n);
 

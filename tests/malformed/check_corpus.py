@@ -730,7 +730,7 @@ def third_pass_cpp(tmp, good):
     variable and its form."""
     import fcntl
     cases = []
-    tp = os.path.join(tmp, "third")
+    tp = os.path.join(tmp, "third_cpp")
     os.makedirs(tp)
 
     def case(name, argv, want, allowed=(), cwd=None, after=None, **opts):
@@ -807,6 +807,30 @@ def third_pass_cpp(tmp, good):
         case("host_memory_env_ladder_" + verb[0], [LADDER] + verb, 2, says=says,
              env={"LADDER_HOST_MEMORY": "abc"})
     case("control_host_memory_env", [S02] + tiny, 0, env={"LADDER_HOST_MEMORY": "17179869184"})
+
+    # --- ladder verify with the backward inferred from dq/dk/dv.npy: do.npy's header is checked
+    # against q.npy's as with --backward (read as [B, H, M, d] whatever it said, (1,) was a
+    # double free, (0,) a segfault, and one column too many graded on a misread dO)
+    grads = os.path.join(tp, "verify_grads")
+    os.makedirs(grads)
+    for n, shape in (("o.npy", SHAPE_Q), ("lse.npy", SHAPE_Q[:3]), ("dq.npy", SHAPE_Q),
+                     ("dk.npy", SHAPE_KV), ("dv.npy", SHAPE_KV)):
+        write(os.path.join(grads, n), npy(shape))
+    for label, shape in (("1", (1,)), ("0", (0,)), ("dim_plus_1", SHAPE_Q[:3] + (SHAPE_Q[3] + 1,))):
+        load = inputs(os.path.join(tp, "do_" + label), **{"do.npy": npy(shape)})
+        case("verify_inferred_backward_do_" + label,
+             [LADDER, "verify", "--load", load, "--dtype", "fp32", "--outputs", grads], 2,
+             says=("do.npy",))
+    # gradients as broken links are there (exit 2 reading them), not a forward pass to grade
+    links = os.path.join(tp, "verify_grad_links")
+    os.makedirs(links)
+    for n, shape in (("o.npy", SHAPE_Q), ("lse.npy", SHAPE_Q[:3])):
+        write(os.path.join(links, n), npy(shape))
+    for n in ("dq.npy", "dk.npy", "dv.npy"):
+        os.symlink(os.path.join(tp, "nowhere", n), os.path.join(links, n))
+    case("verify_gradients_broken_links",
+         [LADDER, "verify", "--load", inputs(os.path.join(tp, "do_good"), **{"do.npy": npy(SHAPE_Q)}),
+          "--dtype", "fp32", "--outputs", links], 2)
     return cases
 
 
