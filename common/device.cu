@@ -9,9 +9,30 @@ int cuda_device_count(std::string* why) {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
-    if (why)
-      *why = std::string("no CUDA device: ") +
-             (e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+    if (why) {
+      // No driver at all (cudaDriverGetVersion gives 0, or no kernel driver is loaded) and no
+      // device are said in plain words; a driver that is there but fails keeps its CUDA error.
+      int driver = 0;
+      const bool no_driver =
+          cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0 || !nvidia_driver_loaded();
+      if ((e == cudaSuccess || e == cudaErrorNoDevice) && nvidia_driver_loaded()) {
+        *why =
+            "no NVIDIA GPU visible on this machine (an NVIDIA driver is loaded: does "
+            "CUDA_VISIBLE_DEVICES hide them?)";
+      } else if (e == cudaSuccess || e == cudaErrorNoDevice ||
+                 (e == cudaErrorInsufficientDriver && no_driver)) {
+        *why = kNoNvidiaGpu;
+      } else if (e == cudaErrorInsufficientDriver) {
+        int rt = 0;
+        (void)cudaRuntimeGetVersion(&rt);
+        *why = "the NVIDIA driver here supports CUDA " + std::to_string(driver / 1000) + "." +
+               std::to_string((driver % 1000) / 10) + ", older than this build's CUDA " +
+               std::to_string(rt / 1000) + "." + std::to_string((rt % 1000) / 10) +
+               " (update the driver): " + cudaGetErrorString(e);
+      } else {
+        *why = std::string("no usable CUDA device: ") + cudaGetErrorString(e);
+      }
+    }
     (void)cudaGetLastError();  // clear the sticky error so later calls start clean
     return 0;
   }

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -502,4 +503,84 @@ TEST_CASE("the ladder driver: list, compare, diff and bench keep their contract"
   CHECK_THAT(old_run.err, Contains("tools/migrate_results.py"));
   CHECK(read_file(old_csv) == old_text);
   CHECK(read_file(csv) == before);
+}
+
+// The main job on a machine without a GPU (most learners' laptops, and CI): the GPU rungs are
+// not run, with the reason in plain words and each one's committed figure beside it (measured
+// elsewhere, named by GPU and commit), and step 02's CPU slowdown explained.
+TEST_CASE("the ladder driver without a GPU: committed figures, plain reason, step 02's note",
+          "[programs][driver]") {
+  std::string why;
+  if (cuda_device_count(&why) > 0) {
+    SUCCEED("a CUDA device is present: the no-device rows and reason are not exercised here");
+    return;
+  }
+  TempDir tmp("ladder_no_gpu");
+  const std::string ladder = LADDER_DRIVER;
+  const bool committed =
+      fs::exists(fs::path(LADDER_SOURCE_DIR) / "notes" / "results" / "h100.csv") ||
+      fs::exists(fs::path(LADDER_SOURCE_DIR) / "notes" / "results" / "h200.csv");
+  // "381 TFLOP/s, H100, 3bce7a1 (...)": a figure, a GPU's name, a commit.
+  const std::regex figure(R"(\d[\d.e+]* TFLOP/s, [A-Z][A-Za-z0-9-]*, [0-9a-f]{7,}(-dirty)? \()");
+
+  const Run list = run_binary(ladder, "list", tmp);
+  const Run cmp = run_binary(ladder, "compare", tmp);
+  INFO("list:\n" << list.out << list.err << "\ncompare:\n" << cmp.out << cmp.err);
+  CHECK(list.status == 0);
+  CHECK(cmp.status == 0);  // the CPU rungs ran and passed; the GPU rungs are "not run"
+  // The reason, as the device layer gives it, on both; in plain words where no driver is loaded.
+  CHECK_THAT(list.out, Contains("CUDA here: " + why));
+  CHECK_THAT(cmp.out, Contains("CUDA here: " + why));
+  if (!nvidia_driver_loaded())
+    CHECK_THAT(why, Contains(kNoNvidiaGpu));
+  else
+    WARN(
+        "an NVIDIA driver is loaded but no device is usable: the plain-words reason for a "
+        "machine without one is not checked here ("
+        << why << ")");
+
+  auto line_of = [](const std::string& out, const std::string& name) {
+    std::istringstream in(out);
+    std::string line;
+    while (std::getline(in, line))
+      if (line.rfind(name + " ", 0) == 0) return line;
+    return std::string();
+  };
+  int gpu_rungs = 0;
+  for (const Rung& g : rungs()) {
+    if (g.step && g.step->device != Device::cuda) continue;
+    ++gpu_rungs;
+    const std::string in_list = line_of(list.out, g.name), in_cmp = line_of(cmp.out, g.name);
+    INFO(g.name << "\n  list:    " << in_list << "\n  compare: " << in_cmp);
+    CHECK_THAT(in_cmp, Contains("not run"));
+    if (committed) {
+      CHECK(std::regex_search(in_list, figure));
+      CHECK(std::regex_search(in_cmp, figure));
+    }
+  }
+  if (gpu_rungs > 0 && committed) {
+    CHECK_THAT(cmp.out, Contains("committed elsewhere (not measured here)"));
+    CHECK_THAT(list.out, Contains("committed elsewhere (not measured here)"));
+  }
+  // The CPU rungs' rows carry no committed figure: measured here only.
+  for (const char* cpu : {"00_cpu_reference", "01_three_pass_softmax", "02_online_softmax"})
+    CHECK_FALSE(std::regex_search(line_of(cmp.out, cpu), figure));
+
+  // Step 02's note appears exactly when its speed-up over 01 (the "0.64x" cell) is below 1.
+  std::smatch m;
+  const std::string row02 = line_of(cmp.out, "02_online_softmax");
+  REQUIRE(std::regex_search(row02, m, std::regex(R"(\s(\d+\.\d+)x\s)")));
+  const bool slower = std::stod(m[1].str()) < 1;
+  INFO("02's speed-up over 01: " << m[1].str());
+  CHECK((cmp.out.find("its gain is on the GPU") != std::string::npos) == slower);
+  if (slower) CHECK_THAT(cmp.out, Contains("02 is slower than 01 here (" + m[1].str() + "x)"));
+
+  // Only GPU rungs asked for: none can run, exit 3 (docs/CONTRACT.md), still with the figures.
+  if (gpu_rungs > 0) {
+    const Run only_gpu = run_binary(ladder, "compare --steps 6,7", tmp);
+    INFO(only_gpu.out << only_gpu.err);
+    CHECK(only_gpu.status == 3);
+    CHECK_THAT(only_gpu.out, Contains("CUDA here: " + why));
+    if (committed) CHECK(std::regex_search(only_gpu.out, figure));
+  }
 }

@@ -394,26 +394,216 @@ void check_outputs(const std::vector<std::pair<std::string, std::string>>& flag_
   }
 }
 
+// ------------------------------------------ committed figures (notes/results/h100, h200.csv)
+
+// A forward row of a GPU rung's default variant, dense, as committed under notes/results/.
+struct CommittedRow {
+  int step = -1;
+  std::string dtype, gpu, commit;
+  int64_t batch = 0, heads = 0, heads_kv = 0, seq_q = 0, seq_k = 0, dim = 0;
+  bool causal = false;
+  double tflops = 0;
+  size_t file = 0, line = 0;  // which file (0: h100.csv), which line: later is newer
+};
+
+struct CommittedResults {
+  std::vector<CommittedRow> rows;
+  std::vector<std::string> files;    // the files read, relative to the source tree
+  std::vector<std::string> missing;  // those not found
+  std::string dir;                   // the source tree, as the build recorded it
+};
+
+// One line of a results CSV, split into fields (a field may be quoted, as csv_field writes it).
+std::vector<std::string> split_csv_line(const std::string& line) {
+  std::vector<std::string> out(1);
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted && c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+      out.back() += '"';
+      ++i;
+    } else if (c == '"') {
+      quoted = !quoted;
+    } else if (c == ',' && !quoted) {
+      out.emplace_back();
+    } else if (c != '\r') {
+      out.back() += c;
+    }
+  }
+  return out;
+}
+
+// The committed rows a rung that cannot run here is shown with, read once from the source tree
+// (LADDER_SOURCE_DIR, recorded at configure time). A file that is absent or not of the results
+// schema gives no rows; a malformed row is skipped. Only forward rows of a rung's default
+// variant (step "NN"), dense and without dropout, with a finite positive TFLOP/s.
+const CommittedResults& committed_results() {
+  static const CommittedResults all = [] {
+    CommittedResults c;
+    c.dir = LADDER_SOURCE_DIR;
+    c.files = {"notes/results/h100.csv", "notes/results/h200.csv"};
+    for (size_t f = 0; f < c.files.size(); ++f) {
+      std::ifstream in(c.dir.empty() ? std::string() : (fs::path(c.dir) / c.files[f]).string());
+      std::string line;
+      if (!in || !std::getline(in, line)) {
+        c.missing.push_back(c.files[f]);
+        continue;
+      }
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line != kResultsHeader) {
+        c.missing.push_back(c.files[f] + " (not of the results schema)");
+        continue;
+      }
+      for (size_t n = 2; std::getline(in, line); ++n) {
+        const std::vector<std::string> v = split_csv_line(line);
+        if (v.size() != 20 || v[9] != "fwd" || v[0].size() != 2 ||
+            !std::isdigit((unsigned char)v[0][0]) || !std::isdigit((unsigned char)v[0][1]))
+          continue;
+        try {
+          CommittedRow r;
+          r.step = std::stoi(v[0]);
+          r.dtype = v[1];
+          r.batch = std::stoll(v[2]);
+          r.heads = std::stoll(v[3]);
+          r.heads_kv = std::stoll(v[4]);
+          r.seq_q = std::stoll(v[5]);
+          r.seq_k = std::stoll(v[6]);
+          r.dim = std::stoll(v[7]);
+          r.causal = v[8] == "1";
+          r.tflops = std::stod(v[11]);
+          r.gpu = v[14];
+          r.commit = v[16];
+          r.file = f;
+          r.line = n;
+          const bool dense = std::stod(v[17]) == 0 && std::stod(v[18]) == 1;
+          if (dense && std::isfinite(r.tflops) && r.tflops > 0 && r.batch > 0 && r.heads > 0 &&
+              r.heads_kv > 0 && r.seq_q > 0 && r.seq_k > 0 && r.dim > 0)
+            c.rows.push_back(r);
+        } catch (const std::exception&) {  // a malformed row: not a figure to show
+        }
+      }
+    }
+    return c;
+  }();
+  return all;
+}
+
+// "NVIDIA H100 80GB HBM3" -> "H100".
+std::string short_gpu_name(const std::string& gpu) {
+  std::istringstream words(gpu);
+  std::string w;
+  while (words >> w)
+    if (w != "NVIDIA") return w;
+  return gpu.empty() ? "unknown GPU" : gpu;
+}
+
+// The committed forward figure of rung `number` at problem p in `dtype` (empty: the rung's
+// dtype is not known in this build), or the nearest point committed, as a cell:
+// "275 TFLOP/s, H100, 0ee43bd (this shape, bf16)" or "... (nearest: seq 512, dim 64, bf16,
+// batch 32, heads 32)"; empty when nothing is committed for the rung.
+std::string committed_figure(int number, const Problem& p, const std::string& dtype) {
+  const CommittedResults& c = committed_results();
+  auto dist = [](double a, double b) { return std::fabs(std::log2(a / b)); };
+  // Nearest first by: dtype (where this build does not know the rung's, the dtype it has the
+  // most rows of: its default), causal, dim, sequence lengths, batch x heads, GQA ratio; then
+  // the H100 file before the H200 one, and the newest row.
+  std::map<std::string, long> rows_of;
+  for (const CommittedRow& r : c.rows)
+    if (r.step == number) ++rows_of[r.dtype];
+  using Key = std::tuple<long, int, double, double, double, double, size_t, long>;
+  const CommittedRow* best = nullptr;
+  Key best_key{};
+  for (const CommittedRow& r : c.rows) {
+    if (r.step != number) continue;
+    const Key k{dtype.empty() ? -rows_of[r.dtype] : long(r.dtype != dtype),
+                r.causal != p.causal,
+                dist(double(r.dim), double(p.dim)),
+                dist(double(r.seq_q), double(p.seq_q)) + dist(double(r.seq_k), double(p.seq_k)),
+                dist(double(r.batch * r.heads), double(p.batch * p.heads)),
+                dist(double(r.heads) / double(r.heads_kv), double(p.heads) / double(p.heads_kv)),
+                r.file,
+                -long(r.line)};
+    if (!best || k < best_key) best = &r, best_key = k;
+  }
+  if (!best) return "";
+  const CommittedRow& r = *best;
+  char rate[32];
+  std::snprintf(rate, sizeof rate, "%.3g", r.tflops);
+  std::string s = std::string(rate) + " TFLOP/s, " + short_gpu_name(r.gpu) + ", " + r.commit;
+  const bool exact = r.batch == p.batch && r.heads == p.heads && r.heads_kv == p.heads_kv &&
+                     r.seq_q == p.seq_q && r.seq_k == p.seq_k && r.dim == p.dim &&
+                     r.causal == p.causal && (dtype.empty() || r.dtype == dtype);
+  if (exact) return s + " (this shape, " + r.dtype + ")";
+  s += " (nearest: seq " +
+       (r.seq_q == r.seq_k ? std::to_string(r.seq_q)
+                           : std::to_string(r.seq_q) + "x" + std::to_string(r.seq_k)) +
+       ", dim " + std::to_string(r.dim) + ", " + r.dtype + (r.causal ? ", causal" : "") +
+       ", batch " + std::to_string(r.batch) + ", heads " + std::to_string(r.heads);
+  if (r.heads_kv != r.heads) s += "/" + std::to_string(r.heads_kv);
+  return s + ")";
+}
+
+// Under a table with committed figures: where they come from, or why there are none.
+std::string committed_legend(bool shown) {
+  const CommittedResults& c = committed_results();
+  std::string s;
+  if (shown)
+    s = "committed: the forward TFLOP/s of a rung that cannot run here, as measured on that GPU "
+        "at that commit (not here), from " +
+        join(c.files, " and ") +
+        ": at this shape where a committed row matches, else the nearest point committed.\n";
+  if (!c.missing.empty()) {
+    const bool many = c.missing.size() > 1;
+    s += "committed figures: " + join(c.missing, ", ") + (many ? " are" : " is") +
+         " missing under " +
+         (c.dir.empty() ? std::string("the source tree (its path is unknown to this build)")
+                        : c.dir) +
+         ": nothing is shown from " + (many ? "them" : "it") + ".\n";
+  }
+  return s;
+}
+
 // ------------------------------------------------------------------------------------ list
 
 int cmd_list() {
   std::cout << "The attention ladder: " << rungs().size() << " rungs in this build.\n"
             << "CUDA here: " << cuda_device_description() << "\n\n";
-  Table t({"step", "device", "supports", "variants", "runs here"});
+  // A rung that cannot run here gets its committed figure at compare's default problem.
+  // (Problem's defaults are the flags' defaults; --heads-kv defaults to --heads.)
+  Problem shape;
+  shape.dtype = DType::f32;
+  shape.heads_kv = shape.heads;
+  std::vector<std::vector<std::string>> cells;
+  bool any_committed = false;
   for (const Rung& r : rungs()) {
     if (!r.step) {
-      t.add({r.name, "-", "-", "-", r.not_built});
+      const std::string fig = committed_figure(r.number, shape, "");
+      any_committed |= !fig.empty();
+      cells.push_back({r.name, "-", "-", "-", r.not_built, fig.empty() ? "-" : fig});
       continue;
     }
     const Step& s = *r.step;
     std::vector<std::string> v;
     for (const Variant& x : s.variants) v.push_back(x.name + (x.checked ? "" : " (unchecked)"));
     const std::string why = cannot_run_here(s);
+    const std::string fig =
+        why.empty() ? "" : committed_figure(r.number, shape, dtype_name(s.default_dtype()));
+    any_committed |= !fig.empty();
     // The full reason is on the "CUDA here" line above; the column keeps its gist.
-    t.add({s.name, s.device_name(), s.capabilities_str(), join(v, ", "),
-           why.empty() ? "yes" : why.substr(0, why.find(':'))});
+    cells.push_back({s.name, s.device_name(), s.capabilities_str(), join(v, ", "),
+                     why.empty() ? "yes" : why.substr(0, why.find(':')), fig.empty() ? "-" : fig});
+  }
+  std::vector<std::string> head = {"step", "device", "supports", "variants", "runs here"};
+  if (any_committed) head.push_back("committed elsewhere (not measured here)");
+  Table t(head);
+  for (std::vector<std::string>& row : cells) {
+    if (!any_committed) row.pop_back();
+    t.add(row);
   }
   t.print(std::cout);
+  if (any_committed)
+    std::cout << "\nAt `ladder compare`'s default shape (" << shape_str(shape) << ").\n";
+  std::cout << (any_committed ? "" : "\n") << committed_legend(any_committed);
 
   std::cout << "\nWhat each rung adds (the first variant is the default; an unchecked variant "
                "exists to show a failure):\n";
@@ -568,19 +758,21 @@ std::string speedup(const CompareRow* before, const CompareRow& row, bool bwd) {
   return fmt((bwd ? before->r.bwd_ms : before->r.fwd_ms) / ms, 2) + "x";
 }
 
-std::vector<std::string> compare_head(bool backward) {
+std::vector<std::string> compare_head(bool backward, bool committed) {
   std::vector<std::string> head = {"step", "variant", "dtype", "fwd ms", "TFLOP/s", "GB/s"};
   if (backward) head.insert(head.end(), {"bwd ms", "TFLOP/s", "GB/s"});
   head.insert(head.end(), {"workspace", "O err (tol)", "check", "speed-up"});
   if (backward) head.push_back("bwd speed-up");
+  if (committed) head.push_back("committed elsewhere (not measured here)");
   head.push_back("note");
   return head;
 }
 
 // A step's cells: timings only for a step that passed its check; `prev` and `prev_bwd` are the
-// previous steps with a forward and a backward timing.
+// previous steps with a forward and a backward timing; `committed` (null: no such column) the
+// committed figure of a step that cannot run here.
 std::vector<std::string> compare_cells(const CompareRow& row, bool backward, const CompareRow* prev,
-                                       const CompareRow* prev_bwd) {
+                                       const CompareRow* prev_bwd, const std::string* committed) {
   const bool timed = row.ran && !row.failed;
   const bool has_bwd = timed && row.p.backward;
   std::vector<std::string> cells = {row.rung->name, row.variant, row.dtype};
@@ -602,28 +794,47 @@ std::vector<std::string> compare_cells(const CompareRow& row, bool backward, con
   cells.push_back(verdict);
   cells.push_back(timed ? speedup(prev, row, false) : "-");
   if (backward) cells.push_back(has_bwd ? speedup(prev_bwd, row, true) : "-");
+  if (committed) cells.push_back(committed->empty() ? "-" : *committed);
   cells.push_back(row.note);
   return cells;
 }
 
 struct CompareTally {
   int failed = 0, ran = 0, no_device = 0;
-  std::string check_mode;  // the first checked step's ("full", "sampled: ...")
+  bool committed = false;     // a committed figure was shown
+  double online_speedup = 0;  // 02's forward speed-up over 01 when both ran on the CPU, else 0
+  std::string check_mode;     // the first checked step's ("full", "sampled: ...")
 };
 
 // The table of the comparison, and a --csv row per timed step and direction.
-Table tabulate_compare(const std::vector<CompareRow>& rows, bool backward, double density,
+Table tabulate_compare(const std::vector<CompareRow>& rows, const Problem& shape, double density,
                        const Provenance& prov, ResultsCsv& csv, CompareTally& tally) {
-  Table t(compare_head(backward));
+  const bool backward = shape.backward;
+  // A step that cannot run here for want of a device: its committed figure, at this problem
+  // (its forward, in the step's dtype where this build knows it).
+  std::vector<std::string> committed;
+  for (const CompareRow& row : rows) {
+    committed.push_back(row.no_device
+                            ? committed_figure(row.rung->number, row.rung->step ? row.p : shape,
+                                               row.dtype == "-" ? "" : row.dtype)
+                            : "");
+    tally.committed |= !committed.back().empty();
+  }
+  Table t(compare_head(backward, tally.committed));
   const CompareRow* prev = nullptr;      // the previous step with a timing
   const CompareRow* prev_bwd = nullptr;  // ... and with a backward timing
-  for (const CompareRow& row : rows) {
-    t.add(compare_cells(row, backward, prev, prev_bwd));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const CompareRow& row = rows[i];
+    t.add(compare_cells(row, backward, prev, prev_bwd, tally.committed ? &committed[i] : nullptr));
     tally.ran += row.ran;
     tally.failed += row.failed;
     tally.no_device += row.no_device;
     if (row.ran && tally.check_mode.empty()) tally.check_mode = row.check.mode;
     const bool timed = row.ran && !row.failed;
+    if (timed && prev && row.rung->number == 2 && prev->rung->number == 1 &&
+        row.rung->step->device == Device::cpu && prev->rung->step->device == Device::cpu &&
+        row.r.fwd_ms > 0)
+      tally.online_speedup = prev->r.fwd_ms / row.r.fwd_ms;
     if (timed) {
       prev = &row;
       csv.add(make_row(*row.rung->step, row.p, false, row.r, prov, density));
@@ -647,6 +858,15 @@ int finish_compare(const CompareArgs& a, const CompareTally& tally, FolderPublis
                  "gradients, plus a floor); check covers O, LSE (and dQ, dK, dV).\nspeed-up: "
                  "the previous timed step's median time over this one's; a step that fails its "
                  "check gets no timing.\n";
+  if (tally.online_speedup > 0 && tally.online_speedup < 1)  // notes/02_online_softmax.md
+    std::cout << "02 is slower than 01 here (" << fmt(tally.online_speedup, 2)
+              << "x): on a CPU, 01's row of S sits in L1 anyway, so one pass over the keys "
+                 "instead of three saves no memory traffic, only adds rescaling; its gain is on "
+                 "the GPU, where S would otherwise live in HBM (03 against 04; "
+                 "notes/02_online_softmax.md).\n";
+  if (tally.no_device)  // why the GPU rungs did not run, in plain words, and what was measured
+    std::cout << "CUDA here: " << cuda_device_description() << "\n"
+              << committed_legend(tally.committed);
   if (tally.failed) {  // a failed comparison writes nothing: no --save folder, no --csv row
     if (!o.save.empty() || !a.csv.empty())
       std::cout << "nothing was written (" << tally.failed << " step(s) failed their check)\n";
@@ -704,7 +924,7 @@ int cmd_compare(const CompareArgs& a) {
 
   const Provenance prov = a.csv.empty() ? Provenance{} : provenance(a.run_id);
   CompareTally tally;
-  const Table t = tabulate_compare(rows, p.backward, base.mask.density(), prov, csv, tally);
+  const Table t = tabulate_compare(rows, p, base.mask.density(), prov, csv, tally);
   std::cout << "\n";
   t.print(std::cout);
   return finish_compare(a, tally, saved, csv);
