@@ -57,7 +57,7 @@ BUILD_ALL=${BUILD_ALL-1}
 # ceilings, the sweep and the peers of this call carry the same string.
 if [ -z "${LADDER_COMMIT:-}" ]; then
   if LADDER_COMMIT=$(git rev-parse --short HEAD 2>/dev/null); then
-    [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] ||
+    [ -z "$(git --no-optional-locks status --porcelain --untracked-files=no 2>/dev/null)" ] ||
       LADDER_COMMIT=$LADDER_COMMIT-dirty
   else
     LADDER_COMMIT=unknown

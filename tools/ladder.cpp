@@ -225,7 +225,8 @@ std::string shell_quote(const std::string& s) {
 
 // The commit the numbers belong to: $LADDER_COMMIT if set, else `git rev-parse --short HEAD` of
 // the source tree now (with "-dirty" for uncommitted changes to tracked files, as
-// `git describe --dirty`), else the value recorded at configure time.
+// `git describe --dirty`), else the value recorded at configure time. The status takes no
+// optional locks: one killed while refreshing the index would leave index.lock behind.
 std::string source_commit() {
   if (const char* env = std::getenv("LADDER_COMMIT"); env && *env) return env;
   const std::string dir = LADDER_SOURCE_DIR;
@@ -233,9 +234,10 @@ std::string source_commit() {
   if (!dir.empty() &&
       capture("git -C " + shell_quote(dir) + " rev-parse --short HEAD 2>/dev/null", head) &&
       !head.empty()) {
-    const bool known = capture(
-        "git -C " + shell_quote(dir) + " status --porcelain --untracked-files=no 2>/dev/null",
-        changes);
+    const bool known =
+        capture("git -C " + shell_quote(dir) +
+                    " --no-optional-locks status --porcelain --untracked-files=no 2>/dev/null",
+                changes);
     return head + (known && !changes.empty() ? "-dirty" : "");
   }
   return LADDER_CONFIGURE_COMMIT;

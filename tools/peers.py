@@ -208,7 +208,9 @@ def default_commit():
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
                              capture_output=True, timeout=10)
         if out.returncode == 0 and out.stdout.strip():
-            changes = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+            # --no-optional-locks: a status killed mid-refresh must not leave index.lock behind
+            changes = subprocess.run(["git", "--no-optional-locks", "status", "--porcelain",
+                                      "--untracked-files=no"],
                                      cwd=ROOT, text=True, capture_output=True, timeout=30)
             dirty = changes.returncode == 0 and changes.stdout.strip()
             return out.stdout.strip() + ("-dirty" if dirty else "")

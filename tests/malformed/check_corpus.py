@@ -32,6 +32,11 @@ import threading
 import time
 
 BIN, LADDER = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+# The programs stamp results with $LADDER_COMMIT, else ask git about the source tree: a case
+# that kills a program at every step must not kill a git inside the repository (a stale
+# index.lock there would stop the user's next commit).
+os.environ["LADDER_COMMIT"] = "corpus"
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEP = os.path.join(BIN, "02_online_softmax")   # CPU, fp32, masks and dropout
 ORACLE = os.path.join(BIN, "00_cpu_reference")  # float64
