@@ -561,7 +561,7 @@ def cmd_create(args):
     # an old copy moved aside and the new one renamed into place. A failure removes only that
     # fresh folder: no folder this tool did not create is ever moved or deleted, and an old
     # copy is never lost.
-    made = missing_folders(root)
+    made = pathargs.missing_folders(root)
     work = None
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -633,16 +633,6 @@ def cmd_create(args):
     return EXIT_OK
 
 
-def missing_folders(folder):
-    """The folders, outermost first, that making `folder` (with its parents) would create."""
-    missing = []
-    folder = Path(folder).absolute()
-    while not os.path.lexists(folder):
-        missing.insert(0, folder)
-        folder = folder.parent
-    return missing
-
-
 # ---------------------------------------------------------------------------------------------
 # export
 
@@ -692,7 +682,7 @@ def cmd_export(args):
     solutions = solution_lines([r for _, regions in everything for r in regions])
     skip = lambda d, names: [n for n in names if HANDOUT_SKIP.search(n) or
                              (Path(d) / n).resolve() == r]
-    made = missing_folders(dest)
+    made = pathargs.missing_folders(dest)
     work = None
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -1410,7 +1410,7 @@ def main(argv=None):
         note = None
 
     changed = edits.changed()
-    created = missing_folders(out_dir) if figures else []
+    created = pathargs.missing_folders(out_dir) if figures else []
     with pathargs.Staged() as out:
         try:
             if created:
@@ -1440,16 +1440,6 @@ def main(argv=None):
         print(f"figures: {readme.name} results table "
               f"{'updated' if readme_changed else 'unchanged'}")
     return 0
-
-
-def missing_folders(folder):
-    """The folders, outermost first, that making `folder` would create."""
-    missing = []
-    folder = Path(folder).absolute()
-    while not os.path.lexists(folder):
-        missing.insert(0, folder)
-        folder = folder.parent
-    return missing
 
 
 def main_or_exit(argv=None):

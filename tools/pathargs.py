@@ -352,3 +352,14 @@ def md_target(path):
     """A link target: a path with spaces, brackets and the like percent-encoded."""
     from urllib.parse import quote
     return quote(_one_line(path), safe="/._-~:+,=@")
+
+
+def missing_folders(folder):
+    """The folders, outermost first, that making `folder` (with its parents) would create: what
+    a tool removes again when it fails, so that it leaves no folder it made."""
+    missing = []
+    folder = Path(folder).absolute()
+    while not os.path.lexists(folder):
+        missing.insert(0, folder)
+        folder = folder.parent
+    return missing
