@@ -80,30 +80,29 @@ def _no_link(path, arg, st):
                         "written through: give the path of the file or folder itself")
 
 
-def input_file(path, arg, missing_ok=False):
-    """A file to read: a regular file, not a link; None for a missing one when missing_ok."""
+def _existing(path, arg, is_kind, noun, missing_ok=False):
+    """An existing path of one kind (is_kind: stat.S_ISREG or S_ISDIR), not a link; None for a
+    missing one when missing_ok."""
     p = _name(path, arg)
     st = _lstat(p, arg)
     if st is None:
         if missing_ok:
             return None
-        raise PathError(f"{arg} {p}: no such file")
+        raise PathError(f"{arg} {p}: no such {noun.split()[-1]}")
     _no_link(p, arg, st)
-    if not stat.S_ISREG(st.st_mode):
-        raise PathError(f"{arg} {p}: is {kind_of(st.st_mode)}, not a regular file")
+    if not is_kind(st.st_mode):
+        raise PathError(f"{arg} {p}: is {kind_of(st.st_mode)}, not {noun}")
     return p
+
+
+def input_file(path, arg, missing_ok=False):
+    """A file to read: a regular file, not a link; None for a missing one when missing_ok."""
+    return _existing(path, arg, stat.S_ISREG, "a regular file", missing_ok)
 
 
 def input_dir(path, arg):
     """A folder to read: an existing folder, not a link to one."""
-    p = _name(path, arg)
-    st = _lstat(p, arg)
-    if st is None:
-        raise PathError(f"{arg} {p}: no such folder")
-    _no_link(p, arg, st)
-    if not stat.S_ISDIR(st.st_mode):
-        raise PathError(f"{arg} {p}: is {kind_of(st.st_mode)}, not a folder")
-    return p
+    return _existing(path, arg, stat.S_ISDIR, "a folder")
 
 
 def output_file(path, arg):
