@@ -38,22 +38,46 @@ namespace {
 // kernel and step 04's blocks of keys), so that every rung's l is at least this blocked.
 constexpr int64_t kSumBlock = 32;
 
+// The yardstick's arithmetic that plain() and plain_columns() share: the problem's constants,
+// a value rounded as the kernel stores it in the dtype (an mma operand or an output), and the
+// backward of one score, which both must compute alike.
+template <class F>
+struct Arith {
+  DType precision;
+  F scale, inv_keep;
+  bool dropping;
+  uint32_t thresh;
+  Arith(const Problem& p, DType t)
+      : precision(t),
+        scale(F(p.softmax_scale())),
+        inv_keep(F(1.0 / (1.0 - p.dropout))),
+        dropping(p.dropout > 0),
+        thresh(dropout::threshold(p.dropout)) {}
+  F round(F x) const { return F(round_to(precision, double(x))); }
+  // From S_ij (scale q.k in F), LSE_i, dov = dO_i . V_j (0 for a dropped key) and D_i: the dS
+  // operand of dQ and dK, dS = P (dP - D), and the P operand of dV, P Z / (1 - p), both rounded.
+  void backward(F S, F lse, F dov, bool keep, F D, F& dS, F& Pd) const {
+    const F P = std::exp(S - lse);
+    const F dp = dropping ? dov * inv_keep : dov;  // dP_ij = dO_i . V_j Z_ij / (1 - p)
+    dS = round(P * (dp - D));
+    Pd = !keep ? F(0) : round(dropping ? P * inv_keep : P);
+  }
+};
+
 // F: the accumulation type (float, or double for a float64 step).
 template <class F>
 void plain(const Problem& p, const Inputs& in, DType precision, Outputs& out,
            const std::vector<int64_t>* rows) {
   const int64_t M = p.seq_q, N = p.seq_k, d = p.dim;
-  const F scale = F(p.softmax_scale());
-  // r: a value as the kernel stores it in the dtype (an mma operand or an output).
-  auto r = [precision](F x) { return F(round_to(precision, double(x))); };
+  const Arith<F> a(p, precision);
+  const F scale = a.scale;
+  auto r = [&a](F x) { return a.round(x); };
   const bool full = rows == nullptr;
   std::vector<int64_t> all;
   if (full)
     for (int64_t i = 0; i < M; ++i) all.push_back(i);
   const std::vector<int64_t>& sel = full ? all : *rows;
-  const bool dropping = p.dropout > 0;
-  const uint32_t thresh = dropout::threshold(p.dropout);
-  const F inv_keep = F(1.0 / (1.0 - p.dropout));
+  const bool dropping = a.dropping;
   // The inputs hold values already rounded to `precision`: reading them as F is exact.
   // (Read in place: a sampled check of a large problem touches a few rows of Q and dO.)
   const double *Q = in.q.data.data(), *K = in.k.data.data(), *V = in.v.data.data();
@@ -83,7 +107,7 @@ void plain(const Problem& p, const Inputs& in, DType precision, Outputs& out,
           for (int64_t c = 0; c < d; ++c) q[size_t(c)] = F(Q[row * size_t(d) + size_t(c)]);
           const int64_t n = p.visible_keys(i);  // the causal prefix; the block mask inside it
           for (int64_t j = 0; j < n; ++j) vis[size_t(j)] = in.mask.visible(b, h, i, j);
-          if (dropping) dropout::keep_row(p.dropout_seed, thresh, b, h, i, n, keep.data());
+          if (dropping) dropout::keep_row(p.dropout_seed, a.thresh, b, h, i, n, keep.data());
 
           // Forward. S and its statistics in F; the weights rounded as the P.V operand.
           F m = -std::numeric_limits<F>::infinity(), l = 0;
@@ -106,7 +130,7 @@ void plain(const Problem& p, const Inputs& in, DType precision, Outputs& out,
             for (int64_t c = 0; c < d; ++c) o[size_t(c)] += w * F(V[kv(kv0, j, c)]);
           }
           l += part;
-          const F norm = l == 0 ? F(0) : (dropping ? inv_keep : F(1)) / l;
+          const F norm = l == 0 ? F(0) : (dropping ? a.inv_keep : F(1)) / l;
           for (int64_t c = 0; c < d; ++c) {
             o[size_t(c)] = r(o[size_t(c)] * norm);
             out.o.data[orow * size_t(d) + size_t(c)] = double(o[size_t(c)]);
@@ -124,14 +148,11 @@ void plain(const Problem& p, const Inputs& in, DType precision, Outputs& out,
               S[size_t(j)] = dS[size_t(j)] = 0;
               continue;
             }
-            const F P = std::exp(S[size_t(j)] - lse);
-            F dp = 0;  // dP_ij = dO_i . V_j Z_ij / (1 - p)
+            F dov = 0;
             if (keep[size_t(j)])
-              for (int64_t c = 0; c < d; ++c) dp += g[size_t(c)] * F(V[kv(kv0, j, c)]);
-            if (dropping) dp *= inv_keep;
-            dS[size_t(j)] = r(P * (dp - D));  // the dS operand of dQ and dK
-            // S now holds the P operand of dV: P Z / (1 - p), rounded.
-            S[size_t(j)] = !keep[size_t(j)] ? F(0) : r(dropping ? P * inv_keep : P);
+              for (int64_t c = 0; c < d; ++c) dov += g[size_t(c)] * F(V[kv(kv0, j, c)]);
+            // S now holds the P operand of dV.
+            a.backward(S[size_t(j)], lse, dov, keep[size_t(j)], D, dS[size_t(j)], S[size_t(j)]);
           }
           std::fill(q_acc.begin(), q_acc.end(), F(0));  // dQ_i = scale sum_j dS_ij K_j
           for (int64_t j = 0; j < n; ++j)
@@ -159,11 +180,7 @@ template <class F>
 void plain_columns(const Problem& p, const Inputs& in, DType precision,
                    const std::vector<int64_t>& keys, const Outputs& rows, Outputs& out) {
   const int64_t M = p.seq_q, R = int64_t(keys.size()), d = p.dim;
-  const F scale = F(p.softmax_scale());
-  auto r = [precision](F x) { return F(round_to(precision, double(x))); };
-  const bool dropping = p.dropout > 0;
-  const uint32_t thresh = dropout::threshold(p.dropout);
-  const F inv_keep = F(1.0 / (1.0 - p.dropout));
+  const Arith<F> a(p, precision);
   const double *Q = in.q.data.data(), *K = in.k.data.data(), *V = in.v.data.data(),
                *dO = in.dout.data.data();
   const int64_t groups = p.batch * p.heads_kv;
@@ -183,30 +200,28 @@ void plain_columns(const Problem& p, const Inputs& in, DType precision,
           const double *q = Q + row * size_t(d), *g = dO + row * size_t(d);
           F D = 0;  // from O as the kernel stores it
           for (int64_t c = 0; c < d; ++c)
-            D += F(g[c]) * r(F(rows.o.data[row * size_t(d) + size_t(c)]));
-          if (dropping) dropout::keep_row(p.dropout_seed, thresh, b, h, i, p.seq_k, keep.data());
+            D += F(g[c]) * a.round(F(rows.o.data[row * size_t(d) + size_t(c)]));
+          if (a.dropping)
+            dropout::keep_row(p.dropout_seed, a.thresh, b, h, i, p.seq_k, keep.data());
           for (int64_t k = 0; k < R; ++k) {
             const int64_t j = keys[size_t(k)];
             if (j >= p.visible_keys(i) || !in.mask.visible(b, h, i, j)) continue;
             const double *kj = K + kv0 + size_t(j * d), *vj = V + kv0 + size_t(j * d);
-            F s = 0, dp = 0;
+            F s = 0, dov = 0, dS, Pd;
             for (int64_t c = 0; c < d; ++c) s += F(q[c]) * F(kj[c]);
             if (keep[size_t(j)])
-              for (int64_t c = 0; c < d; ++c) dp += F(g[c]) * F(vj[c]);
-            if (dropping) dp *= inv_keep;
-            const F P = std::exp(scale * s - lse);
-            const F dS = r(P * (dp - D));
-            const F Pd = !keep[size_t(j)] ? F(0) : r(dropping ? P * inv_keep : P);
+              for (int64_t c = 0; c < d; ++c) dov += F(g[c]) * F(vj[c]);
+            a.backward(a.scale * s, lse, dov, keep[size_t(j)], D, dS, Pd);
             for (int64_t c = 0; c < d; ++c) {
-              dK[size_t(k * d + c)] += scale * dS * F(q[c]);
+              dK[size_t(k * d + c)] += a.scale * dS * F(q[c]);
               dV[size_t(k * d + c)] += Pd * F(g[c]);
             }
           }
         }
       const size_t out0 = size_t(grp * R * d);  // compact: [B, Hkv, R, d]
       for (size_t e = 0; e < dK.size(); ++e) {
-        out.dk.data[out0 + e] = double(r(dK[e]));
-        out.dv.data[out0 + e] = double(r(dV[e]));
+        out.dk.data[out0 + e] = double(a.round(dK[e]));
+        out.dv.data[out0 + e] = double(a.round(dV[e]));
       }
     }
   });
