@@ -311,24 +311,29 @@ Prepared prepare(const Step& s, const Problem& p, const RunOptions& ro, CheckMod
   return prepare_device(s, p, prepare_host(s, p, ro, mode, inputs_exist));
 }
 
+namespace {
+// A prepared run on `out`, poisoned first (NaN: anything the step does not write fails).
+RunResult run_poisoned(const Step& s, const Problem& p, const Inputs& in, const Prepared& run,
+                       Outputs& out) {
+  if (!run.device_checked)
+    throw std::logic_error("a run of " + s.name + " was not prepared for the device");
+  out.poison(p);
+  return s.run(p, in, out, run.options);
+}
+}  // namespace
+
 CheckedRun run_checked(const Step& s, const Problem& p, const Inputs& in, const Prepared& run,
                        CheckMode mode, Outputs& out) {
-  if (!run.device_checked)
-    throw std::logic_error("run_checked: " + s.name + "'s run was not prepared for the device");
   CheckedRun c;
-  out.poison(p);
-  c.result = s.run(p, in, out, run.options);
+  c.result = run_poisoned(s, p, in, run, out);
   c.check = verify(p, in, out, mode);
   return c;
 }
 
 CheckedRun run_judged(const Step& s, const Problem& p, const Inputs& in, const Prepared& run,
                       const Reference& ref) {
-  if (!run.device_checked)
-    throw std::logic_error("run_judged: " + s.name + "'s run was not prepared for the device");
   CheckedRun c;
-  c.out.poison(p);
-  c.result = s.run(p, in, c.out, run.options);
+  c.result = run_poisoned(s, p, in, run, c.out);
   c.check = judge(p, in, c.out, ref);
   return c;
 }
